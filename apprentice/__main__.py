@@ -1,0 +1,70 @@
+"""``python -m apprentice <stage>``: one verb per stage, what dvc.yaml runs.
+
+Each verb maps to ``apprentice.stages.<module>.run(cfg, paths) -> dict`` (a summary printed as
+JSON). The CLI only parses arguments and loads the typed config; all logic lives in the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+STAGES = {
+    "prepare-base": "prepare_base",
+    "synth": "synth",
+    "rollout": "rollout",
+    "teacher-rollout": "rollout",
+    "validate": "validate",
+    "sft": "sft",
+    "rl": "rl",
+    "distill": "distill",
+    "evaluate": "evaluate",
+    "promote": "promote",
+    "evolve": "evolve",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m apprentice", description=__doc__.splitlines()[0])
+    p.add_argument("stage", choices=sorted(STAGES), help="stage to run")
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--profile", default=None, help="profile to merge over the params (e.g. quick)")
+    p.add_argument("--iter", type=int, default=1, dest="iteration", help="iteration number k (default 1)")
+    p.add_argument("--root", default=".", help="project root holding data/ and models/")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one param, e.g. --set sft.max_steps=10 (repeatable)")
+    p.add_argument("--policy", default=None, help="(rollout/evaluate) which model acts: oracle, base, sft, rl, student, or a path")
+    p.add_argument("--out", default=None, help="(rollout/evaluate) output path override")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = _parser().parse_args(argv)
+    from apprentice.config import ConfigError, load_config
+    from apprentice.paths import Paths
+
+    try:
+        cfg = load_config(args.params, args.profile, args.set)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    paths = Paths(Path(args.root).resolve(), args.iteration)
+    module = importlib.import_module(f"apprentice.stages.{STAGES[args.stage]}")
+    extra = {k: v for k, v in (("policy", args.policy), ("out", args.out)) if v is not None}
+    try:
+        result = module.run(cfg, paths, **extra)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error in stage {args.stage}: {e}", file=sys.stderr)
+        return 1
+    if result is not None:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Typed configuration: one pydantic class per ``params.yaml`` section.
+
+Why pydantic (and not OmegaConf/Hydra): DVC already owns the YAML file and per-key dependency tracking;
+what we need on top is validation that fails at load with a message naming the key and saying how
+to fix it, and attribute access with types for the library. ``extra="forbid"`` turns a typo into an
+error instead of a silently ignored setting.
+
+Profiles: ``params.yaml`` is the ``default`` profile; ``apprentice/profiles/<name>.yaml`` holds
+overrides merged on top (``--profile quick`` or ``pipeline.profile: quick``). Command-line
+``--set section.key=value`` overrides win over both.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+class ConfigError(ValueError):
+    """A params file or override is wrong; the message says which key and how to fix it."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class PipelineConfig(Section):
+    iterations: int = Field(1, ge=1, description="How many self-improvement iterations dvc.yaml declares.")
+    seed: int = Field(0, description="Global seed; every stage derives its own from it.")
+    profile: str = Field("default", description="Name of the profile this file was written for.")
+
+
+class ModelConfig(Section):
+    base: str = Field("models/base", description="HF model id or local path of the base model.")
+    chat_template: Literal["compact", "qwen2.5", "model"] = Field(
+        "compact", description="'compact' = SmolLM tool template; 'model' = keep the tokenizer's own."
+    )
+    dtype: Literal["bf16", "fp32", "auto"] = Field(
+        "auto", description="'auto' = bf16 autocast where the CPU/GPU supports it, else fp32."
+    )
+    threads: int = Field(0, ge=0, description="torch threads (0 = torch default).")
+
+
+class SynthConfig(Section):
+    families: list[str] = Field(default_factory=lambda: ["grid", "search"])
+    n_train: int = Field(200, ge=1, description="Training problems per iteration (all families).")
+    n_eval: int = Field(50, ge=1, description="Held-out evaluation problems (all families).")
+    levels: list[int] = Field(
+        default_factory=lambda: [0, 1, 2], description="Difficulty levels sampled uniformly."
+    )
+    seed: int = 1
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, v: list[str]) -> list[str]:
+        from apprentice.envs import FAMILIES
+
+        bad = [f for f in v if f not in FAMILIES]
+        if bad:
+            raise ValueError(f"unknown environment families {bad}; choose from {sorted(FAMILIES)}")
+        if not v:
+            raise ValueError("list at least one environment family")
+        return v
+
+
+class PolicyConfig(Section):
+    """Who acts: the oracle, a local HF model, or an OpenAI-compatible endpoint."""
+
+    kind: Literal["oracle", "hf", "openai"] = "oracle"
+    model: str = Field("", description="HF id/path (kind=hf) or served model name (kind=openai).")
+    base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Name of the env var holding the API key.")
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(96, ge=1)
+    batch_size: int = Field(32, ge=1, description="Max episodes whose next turn is generated at once.")
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+
+
+class RolloutConfig(Section):
+    teacher: PolicyConfig = PolicyConfig()
+    samples_per_problem: int = Field(1, ge=1)
+    max_turns: int = Field(0, ge=0, description="Hard cap on turns (0 = each problem's own budget).")
+
+
+class ValidateConfig(Section):
+    max_truncation_rate: float = Field(0.2, ge=0, le=1)
+    min_success_rate: float = Field(0.5, ge=0, le=1)
+    success_only: bool = True
+
+
+class SFTConfig(Section):
+    max_steps: int = Field(20, ge=1)
+    batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    learning_rate: float = Field(1e-4, gt=0)
+    max_length: int = Field(512, ge=16)
+    horizon_tokens: int = Field(0, ge=0, description="Keep the first H tokens of each trajectory (0 = all).")
+    lora: bool = False
+    lora_r: int = Field(16, ge=1)
+    deepspeed: Literal["none", "zero2", "zero3"] = "none"
+    save_steps: int = Field(10, ge=1)
+    seed: int = 0
+
+
+class RLConfig(Section):
+    max_steps: int = Field(4, ge=0)
+    prompts_per_step: int = Field(2, ge=1)
+    num_generations: int = Field(4, ge=2)
+    max_completion_length: int = Field(160, ge=16)
+    max_tool_calls: int = Field(4, ge=1)
+    learning_rate: float = Field(5e-6, gt=0)
+    beta: float = Field(0.0, ge=0)
+    curriculum: Literal["difficulty", "random"] = "difficulty"
+    probe_samples: int = Field(4, ge=0, description="Pass-rate probe per problem (0 = no filter).")
+    probe_problems: int = Field(16, ge=1)
+    save_steps: int = Field(2, ge=1)
+    seed: int = 0
+
+
+class StudentConfig(Section):
+    source: str = Field("prune", description="'prune' (layer-drop of the teacher) or an HF id/path.")
+    keep_every: int = Field(3, ge=1, description="Keep every k-th decoder layer (plus the last).")
+    warmup_steps: int = Field(40, ge=0, description="SFT warm start of the student on teacher data.")
+    warmup_lr: float = Field(1e-3, gt=0)
+
+
+class DistillConfig(Section):
+    student: StudentConfig = StudentConfig()
+    max_steps: int = Field(4, ge=0)
+    batch_size: int = Field(8, ge=1)
+    max_completion_length: int = Field(48, ge=8)
+    learning_rate: float = Field(5e-5, gt=0)
+    divergence: Literal["forward_kl", "reverse_kl", "jsd"] = "jsd"
+    beta: float = Field(0.5, ge=0, le=1, description="JSD interpolation (0 = forward KL, 1 = reverse KL).")
+    variant: str = Field("vanilla", description="OPD variant (issue C): vanilla, guided, dash, tcod, ...")
+    save_steps: int = Field(2, ge=1)
+    seed: int = 0
+
+
+class EvaluateConfig(Section):
+    samples_per_problem: int = Field(1, ge=1, description="n for pass@k (k <= n).")
+    pass_k: list[int] = Field(default_factory=lambda: [1])
+    temperature: float = Field(0.0, ge=0)
+    max_new_tokens: int = Field(96, ge=1)
+    batch_size: int = Field(50, ge=1)
+
+
+class PromoteConfig(Section):
+    alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the paired test.")
+    registered_model: str = "apprentice-agent"
+
+
+class LineageConfig(Section):
+    tracking_uri: str = Field("sqlite:///mlruns.db", description="MLflow store; sqlite path or http URL.")
+    experiment: str = "apprentice"
+
+
+class Config(Section):
+    pipeline: PipelineConfig = PipelineConfig()
+    model: ModelConfig = ModelConfig()
+    synth: SynthConfig = SynthConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
+    sft: SFTConfig = SFTConfig()
+    rl: RLConfig = RLConfig()
+    distill: DistillConfig = DistillConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    promote: PromoteConfig = PromoteConfig()
+    lineage: LineageConfig = LineageConfig()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' must look like section.key=value (e.g. sft.max_steps=10)")
+    key, value = item.split("=", 1)
+    parts = key.strip().split(".")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{key}': '{p}' is not a section")
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]).replace("validate_", "validate")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  - '{key}' is not a known key; remove it or check its spelling")
+        else:
+            got = e.get("input")
+            lines.append(f"  - '{key}': {e['msg']} (got {got!r}); fix it in the params file or with --set {key}=...")
+    return "\n".join(lines)
+
+
+def load_raw(path: str | Path = "params.yaml", profile: str | None = None,
+             overrides: list[str] | None = None) -> dict[str, Any]:
+    path = Path(path)
+    raw: dict[str, Any] = {}
+    if path.exists():
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
+    elif str(path) != "params.yaml":
+        raise ConfigError(f"params file {path} does not exist")
+    if profile and profile != "default":
+        pfile = PROFILES_DIR / f"{profile}.yaml"
+        if not pfile.exists():
+            known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+            raise ConfigError(f"unknown profile '{profile}'; choose from {['default', *known]}")
+        raw = _deep_merge(raw, yaml.safe_load(pfile.read_text()) or {})
+        raw.setdefault("pipeline", {})["profile"] = profile
+    for item in overrides or []:
+        _apply_override(raw, item)
+    return raw
+
+
+def load_config(path: str | Path = "params.yaml", profile: str | None = None,
+                overrides: list[str] | None = None) -> Config:
+    """Load, merge profile and overrides, validate. Raises :class:`ConfigError` naming the bad key."""
+    raw = load_raw(path, profile, overrides)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, str(path))) from None

@@ -1,0 +1,213 @@
+"""The one protocol every environment family implements.
+
+Why a base class of our own: TRL's GRPOTrainer ``environment_factory`` contract is duck-typed (a no-arg
+constructor, ``reset(**row) -> str``, public tool methods with Google-style docstrings, optional
+``get_reward``). We add what TRL does not need but the pipeline does: a frozen, JSON-serialisable
+:class:`ProblemSpec` that rebuilds an episode byte-for-byte, a difficulty vector, a privileged oracle,
+and a generator that only accepts problems its oracle solves. The same instance serves the rollout
+engine, evaluation and GRPO, so an environment is written once.
+
+Rules for subclasses:
+  * tool methods are the *only* public methods besides ``reset`` and ``get_reward``; everything else
+    is ``_private`` or a classmethod/staticmethod (TRL exposes every public bound method as a tool);
+  * tools return a short observation string and never raise on bad input (bad input is an
+    observation the agent can recover from);
+  * ``reset`` rebuilds *all* state: TRL pools and reuses instances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from transformers.utils import get_json_schema
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """Everything needed to rebuild one episode exactly. Same spec -> same bytes."""
+
+    family: str
+    seed: int
+    difficulty: Mapping[str, int]
+    generation: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "family": self.family,
+                "seed": self.seed,
+                "difficulty": dict(sorted(self.difficulty.items())),
+                "generation": self.generation,
+                "extra": dict(sorted(self.extra.items())),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | Mapping[str, Any]) -> ProblemSpec:
+        d = json.loads(text) if isinstance(text, str) else dict(text)
+        return cls(
+            family=d["family"],
+            seed=int(d["seed"]),
+            difficulty={k: int(v) for k, v in d["difficulty"].items()},
+            generation=int(d.get("generation", 0)),
+            extra=dict(d.get("extra", {})),
+        )
+
+    @property
+    def problem_id(self) -> str:
+        """Stable content hash: identical specs share an id across runs and machines."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def rng(self) -> random.Random:
+        """The one source of randomness for building this episode."""
+        return random.Random(f"{self.family}:{self.seed}:{self.problem_id}")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any]
+
+    def as_message_call(self) -> dict[str, Any]:
+        """The ``tool_calls`` entry of an assistant message (OpenAI / HF chat-template shape)."""
+        return {"type": "function", "function": {"name": self.name, "arguments": dict(self.arguments)}}
+
+
+@dataclass(frozen=True)
+class DifficultyAxis:
+    """One named component of the difficulty vector and its allowed range (inclusive)."""
+
+    name: str
+    low: int
+    high: int
+    doc: str = ""
+
+    def check(self, value: int) -> None:
+        if not self.low <= value <= self.high:
+            raise ValueError(
+                f"difficulty '{self.name}'={value} is outside [{self.low}, {self.high}]; {self.doc}"
+            )
+
+
+_NOT_TOOLS = {"reset", "get_reward"}
+
+
+class Environment:
+    """Base class; see the module docstring for the contract."""
+
+    family: ClassVar[str] = ""
+    axes: ClassVar[tuple[DifficultyAxis, ...]] = ()
+    system_prompt: ClassVar[str] = "You are an agent. Use the tools to solve the problem."
+
+    def __init__(self) -> None:
+        self.spec: ProblemSpec | None = None
+        self.done: bool = False
+        self.reward: float = 0.0
+        self.turns: int = 0
+
+    # ---- generation -------------------------------------------------------------------------
+    @classmethod
+    def sample_difficulty(cls, rng: random.Random, level: int | None = None) -> dict[str, int]:
+        """A difficulty vector: uniformly random within the axes, or a fixed ``level`` in [0, 1, ...]
+        interpolated between each axis's low and high (subclasses may override)."""
+        out = {}
+        for ax in cls.axes:
+            out[ax.name] = rng.randint(ax.low, ax.high) if level is None else min(ax.high, ax.low + level)
+        return out
+
+    @classmethod
+    def make_spec(cls, seed: int, difficulty: Mapping[str, int], generation: int = 0) -> ProblemSpec:
+        names = {ax.name for ax in cls.axes}
+        if set(difficulty) != names:
+            raise ValueError(
+                f"{cls.family}: difficulty keys {sorted(difficulty)} must be exactly {sorted(names)}"
+            )
+        for ax in cls.axes:
+            ax.check(int(difficulty[ax.name]))
+        return ProblemSpec(cls.family, seed, dict(difficulty), generation)
+
+    # ---- episode ----------------------------------------------------------------------------
+    def reset(self, **row: Any) -> str:
+        """Rebuild the episode from ``row['spec']`` (JSON or ProblemSpec) and return the task text.
+
+        TRL passes the dataset row as keyword arguments; the rollout engine passes ``spec=``.
+        """
+        spec = row.get("spec")
+        if spec is None:
+            raise ValueError("reset() needs a 'spec' column holding a ProblemSpec JSON string")
+        self.spec = spec if isinstance(spec, ProblemSpec) else ProblemSpec.from_json(spec)
+        if self.spec.family != self.family:
+            raise ValueError(f"spec family '{self.spec.family}' given to environment '{self.family}'")
+        self.done, self.reward, self.turns = False, 0.0, 0
+        return self._build(self.spec)
+
+    def get_reward(self) -> float:
+        return float(self.reward)
+
+    # ---- to implement -----------------------------------------------------------------------
+    def _build(self, spec: ProblemSpec) -> str:
+        """Build all episode state from ``spec``; return the first observation (the task)."""
+        raise NotImplementedError
+
+    def _oracle(self) -> list[ToolCall]:
+        """The optimal tool-call sequence from the freshly reset state (privileged)."""
+        raise NotImplementedError
+
+    def _turn_budget(self) -> int:
+        """Max assistant turns for this episode (from the difficulty vector, >= len(oracle))."""
+        raise NotImplementedError
+
+    # ---- helpers shared by all families ------------------------------------------------------
+    @classmethod
+    def tool_names(cls) -> list[str]:
+        return [
+            n
+            for n, m in inspect.getmembers(cls, predicate=inspect.isfunction)
+            if not n.startswith("_") and n not in _NOT_TOOLS
+        ]
+
+    def _tools(self) -> dict[str, Callable[..., str]]:
+        return {n: getattr(self, n) for n in self.tool_names()}
+
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        """JSON schemas of the tools, built from signatures + docstrings exactly as TRL does."""
+        return [get_json_schema(getattr(cls, n)) for n in cls.tool_names()]
+
+    def _execute(self, call: ToolCall) -> str:
+        """Execute one tool call; a wrong name or arguments becomes an error observation.
+
+        (Underscored like every non-tool method: TRL would expose a public one as a tool.)"""
+        fn = self._tools().get(call.name)
+        if fn is None:
+            return f"Error: unknown tool '{call.name}'. Available tools: {', '.join(self.tool_names())}."
+        try:
+            return str(fn(**dict(call.arguments)))
+        except TypeError as e:
+            return f"Error: bad arguments for {call.name}: {e}"
+
+
+
+def replay(env_cls: type[Environment], spec: ProblemSpec, calls: list[ToolCall]) -> float:
+    """Reset a fresh environment on ``spec``, run ``calls`` in order, return the reward."""
+    env = env_cls()
+    env.reset(spec=spec)
+    for c in calls:
+        if env.done:
+            break
+        env._execute(c)
+    return env.get_reward()
+
+
+def spec_fields(spec: ProblemSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)

@@ -1,0 +1,93 @@
+"""The one place that knows where iteration k's artifacts live (dvc.yaml mirrors these paths)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+    iteration: int = 1
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data" / f"iter_{self.iteration}"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models" / f"iter_{self.iteration}"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports" / f"iter_{self.iteration}"
+
+    # data
+    @property
+    def problems(self) -> Path:
+        return self.data / "problems.parquet"
+
+    @property
+    def eval_problems(self) -> Path:
+        return self.data / "eval_problems.parquet"
+
+    @property
+    def teacher_trajectories(self) -> Path:
+        return self.data / "teacher.parquet"
+
+    @property
+    def sft_data(self) -> Path:
+        return self.data / "sft.parquet"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.data / "eval"
+
+    # models
+    @property
+    def base_model(self) -> Path:
+        return self.root / "models" / "base"
+
+    @property
+    def sft_model(self) -> Path:
+        return self.models / "sft"
+
+    @property
+    def rl_model(self) -> Path:
+        return self.models / "rl"
+
+    @property
+    def student_model(self) -> Path:
+        return self.models / "student"
+
+    def previous(self) -> Paths | None:
+        return Paths(self.root, self.iteration - 1) if self.iteration > 1 else None
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temp path beside ``final``; rename it onto ``final`` only if the block succeeds.
+
+    Works for files and directories. A crash leaves the previous ``final`` (or nothing) in place,
+    never a half-written output; stale temps are named ``.<name>.tmp-*`` and ignored by readers.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent)) / final.name
+    try:
+        yield tmp
+        if final.is_dir() and not final.is_symlink():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp.parent, ignore_errors=True)

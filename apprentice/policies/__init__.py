@@ -1,0 +1,1 @@
+"""Policies: a batch of conversations in, a batch of assistant messages out."""
