@@ -1,0 +1,57 @@
+"""Import direction (ARCHITECTURE.md): Prefect only in tasks/ and flows/, MLflow only in
+apprentice/lineage.py, Great Expectations only in apprentice/gates.py; nothing in apprentice/
+imports tasks/ or flows/; policies never import environments."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def _py(dirname: str) -> list[Path]:
+    return sorted((ROOT / dirname).rglob("*.py"))
+
+
+def _top(mods: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in mods}
+
+
+def test_prefect_only_in_tasks_and_flows():
+    offenders = [p for p in _py("apprentice") if "prefect" in _top(_imports(p))]
+    assert not offenders, f"prefect imported outside tasks/ and flows/: {offenders}"
+
+
+def test_mlflow_only_in_lineage():
+    offenders = [p for p in _py("apprentice") + _py("tasks") + _py("flows")
+                 if "mlflow" in _top(_imports(p)) and p.name != "lineage.py"]
+    assert not offenders, f"mlflow imported outside apprentice/lineage.py: {offenders}"
+
+
+def test_great_expectations_only_in_gates():
+    offenders = [p for p in _py("apprentice") + _py("tasks") + _py("flows")
+                 if "great_expectations" in _top(_imports(p)) and p.name != "gates.py"]
+    assert not offenders, f"great_expectations imported outside apprentice/gates.py: {offenders}"
+
+
+def test_library_never_imports_orchestration():
+    offenders = [p for p in _py("apprentice") if _top(_imports(p)) & {"tasks", "flows"}]
+    assert not offenders, f"apprentice/ imports tasks/ or flows/: {offenders}"
+
+
+def test_policies_do_not_import_environments():
+    offenders = [p for p in (ROOT / "apprentice" / "policies").rglob("*.py")
+                 if any(m.startswith("apprentice.envs") for m in _imports(p))]
+    assert not offenders, f"policies import environments: {offenders}"
