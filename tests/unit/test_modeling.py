@@ -1,0 +1,94 @@
+"""apprentice.modeling: the chat template TRL accepts, dtype choice, tiny models, safe saving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from apprentice import modeling
+
+
+def test_resolve_dtype_explicit_and_auto():
+    assert modeling.resolve_dtype("fp32") == torch.float32
+    assert modeling.resolve_dtype("bf16") == torch.bfloat16
+    auto = modeling.resolve_dtype("auto", device="cpu")
+    assert auto == (torch.bfloat16 if modeling.cpu_supports_bf16() else torch.float32)
+    with pytest.raises(ValueError, match="'bf16', 'fp32' or 'auto'"):
+        modeling.resolve_dtype("fp16")
+
+
+def test_autocast_is_noop_for_fp32_and_bf16_otherwise():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with modeling.autocast("fp32", "cpu"):
+        assert (a @ b).dtype == torch.float32
+    with modeling.autocast("bf16", "cpu"):
+        assert (a @ b).dtype == torch.bfloat16
+
+
+def test_compact_template_passes_trl_tool_checks(smol_tokenizer_dir):
+    from trl.chat_template_utils import (
+        has_generation_markers,
+        is_chat_template_prefix_preserving,
+        parse_response,
+        supports_tool_calling,
+    )
+
+    tok = modeling.load_tokenizer(smol_tokenizer_dir)
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    assert supports_tool_calling(tok)
+    assert is_chat_template_prefix_preserving(tok)
+    assert has_generation_markers(tok.chat_template)
+    # the response parser TRL reads turns generated text back into a tool call
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                     return_dict=False)
+    out = tok('<tool_call>\n{"name": "open", "arguments": {"title": "Bo"}}\n</tool_call><|im_end|>')["input_ids"]
+    msg = parse_response(tok, out, prefix=list(prompt))
+    assert msg["tool_calls"][0]["function"] == {"name": "open", "arguments": {"title": "Bo"}}
+
+
+def test_template_and_parser_survive_save_and_reload(smol_tokenizer_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    modeling.load_tokenizer(smol_tokenizer_dir).save_pretrained(tmp_path)
+    plain = AutoTokenizer.from_pretrained(tmp_path)  # what TRL does: no apprentice code involved
+    assert plain.chat_template == modeling.compact_chat_template()
+    assert plain.response_template is not None
+
+
+def test_tiny_model_is_seeded_and_saved_with_cache_on(tiny_model_dir, smol_tokenizer_dir, tmp_path):
+    tok = modeling.load_tokenizer(smol_tokenizer_dir)
+    a = modeling.load_model(tiny_model_dir, device="cpu")
+    assert a.config.vocab_size == len(tok) and a.config.eos_token_id == tok.eos_token_id
+    same = modeling.load_model(modeling.make_tiny_model(tok, tmp_path / "same", seed=0), device="cpu")
+    other = modeling.load_model(modeling.make_tiny_model(tok, tmp_path / "other", seed=1), device="cpu")
+    w = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(a.state_dict()[w], same.state_dict()[w])
+    assert not torch.equal(a.state_dict()[w], other.state_dict()[w])
+
+    other.config.use_cache = other.generation_config.use_cache = False  # what TRL's trainers leave behind
+    out = modeling.save_model(other, tok, tmp_path / "saved")
+    assert json.loads((out / "config.json").read_text())["use_cache"] is True
+    assert json.loads((out / "generation_config.json").read_text())["use_cache"] is True
+    assert not [p for p in Path(tmp_path).iterdir() if p.name.startswith(".saved.tmp-")]
+
+
+def test_save_model_leaves_no_partial_folder_on_failure(tiny_model_dir, tmp_path):
+    model = modeling.load_model(tiny_model_dir, device="cpu")
+
+    class Broken:
+        def save_pretrained(self, path):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        modeling.save_model(model, Broken(), tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resolve_model_ref(tmp_path):
+    (tmp_path / "models" / "base").mkdir(parents=True)
+    assert modeling.resolve_model_ref("models/base", tmp_path) == str((tmp_path / "models" / "base").resolve())
+    assert modeling.resolve_model_ref("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path) == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct")
