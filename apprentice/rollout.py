@@ -1,0 +1,282 @@
+"""Batched multi-episode rollout engine: specs + a policy in, whole trajectories out.
+
+Why hand-written: TRL's GRPOTrainer runs its own tool loop, but only inside training and only for
+its sampler's batch; verifiers/rllm/NeMo-Gym bring whole servers. What the pipeline needs (teacher
+collection, evaluation, the bench) is a lock-step loop over many episodes at once: every round,
+each live episode's next assistant turn is generated in ONE ``policy.act`` call (chunked by
+``batch_size``), so a local model decodes a whole batch per forward pass instead of one sequence.
+Episodes finish independently (reward reached or turn budget spent) and drop out of later rounds.
+
+Malformed model output never crashes a run: a turn with ``parse_error`` (or with no tool call where
+one is required) is answered with an error observation telling the agent the expected format, and
+counted in ``parse_errors``; tool observations starting with ``Error`` count as ``tool_errors``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from apprentice.envs import FAMILIES, Environment, ProblemSpec, ToolCall
+from apprentice.policies.base import Message, Policy, Turn
+from apprentice.trajectories import Trajectory, specs_of
+
+log = logging.getLogger(__name__)
+
+#: How a tool call is written by the chat templates we ship (compact and Qwen2.5 both use it).
+#: A policy may override it with a ``tool_call_format`` attribute.
+DEFAULT_TOOL_CALL_FORMAT = '<tool_call>\n{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n</tool_call>'
+
+
+@dataclass
+class _Episode:
+    """Mutable state of one running episode."""
+
+    spec: ProblemSpec
+    level: int
+    sample_idx: int
+    env: Environment
+    tools: list[dict[str, Any]]
+    messages: list[Message]
+    budget: int
+    context: dict[str, Any] = field(default_factory=dict)
+    turns: int = 0
+    parse_errors: int = 0
+    tool_errors: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finished: bool = False
+    truncated: bool = False
+    wall_s: float = 0.0
+
+    def size(self) -> int:
+        """Rough prompt length (characters) to group similar lengths into one batch."""
+        return sum(len(str(m.get("content") or "")) for m in self.messages)
+
+
+def _as_tool_call(entry: Mapping[str, Any]) -> ToolCall:
+    """An assistant ``tool_calls`` entry (HF/OpenAI shape, arguments as dict or JSON string)."""
+    fn = entry.get("function", entry)
+    args = fn.get("arguments") or {}
+    if isinstance(args, str):
+        args = json.loads(args) if args.strip() else {}
+    if not isinstance(args, Mapping):
+        raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("tool call has no function name")
+    return ToolCall(name, dict(args))
+
+
+def _format_error(reason: str, tool_names: list[str], fmt: str) -> str:
+    return (
+        f"Error: {reason}. Reply with exactly one tool call in this format:\n{fmt}\n"
+        f"Available tools: {', '.join(tool_names)}."
+    )
+
+
+def _levels_for(specs: Sequence[ProblemSpec], levels: Sequence[int] | Mapping[str, int] | None) -> list[int]:
+    if levels is None:
+        return [-1] * len(specs)  # unknown: the problems table is the source of levels
+    if isinstance(levels, Mapping):
+        return [int(levels.get(s.problem_id, -1)) for s in specs]
+    if len(levels) != len(specs):
+        raise ValueError(f"got {len(levels)} levels for {len(specs)} specs; pass one level per spec")
+    return [int(x) for x in levels]
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency, but policies may not need it
+        return
+    torch.manual_seed(seed)
+
+
+def run_episodes(
+    specs: Sequence[ProblemSpec] | pd.DataFrame,
+    policy: Policy,
+    *,
+    samples_per_problem: int = 1,
+    max_turns: int = 0,
+    batch_size: int = 64,
+    progress: bool = True,
+    policy_id: str | None = None,
+    levels: Sequence[int] | Mapping[str, int] | None = None,
+    seed: int = 0,
+    require_tool_call: bool = True,
+    env_factory: Callable[[ProblemSpec], Environment] | None = None,
+) -> list[Trajectory]:
+    """Run ``samples_per_problem`` episodes of every spec with ``policy``; return one Trajectory each.
+
+    ``specs`` may be a problems table (``trajectories.problems_frame``), whose ``level`` column then
+    fills ``Trajectory.level``; otherwise pass ``levels`` (one per spec, or problem_id -> level).
+    ``max_turns`` > 0 caps every episode's own budget (``env._turn_budget()``). Each round makes
+    one ``policy.act`` call per ``batch_size`` live episodes. ``seed`` seeds torch (sampling).
+    Results are ordered by (spec, sample index).
+    """
+    if isinstance(specs, pd.DataFrame):
+        if levels is None and "level" in specs.columns:
+            levels = [int(x) for x in specs["level"]]
+        specs = specs_of(specs)
+    specs = list(specs)
+    if samples_per_problem < 1:
+        raise ValueError("samples_per_problem must be >= 1")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    lv = _levels_for(specs, levels)
+    pid = policy_id or getattr(policy, "policy_id", None) or type(policy).__name__
+    wants_plan = bool(getattr(policy, "needs_oracle_plan", False))
+    fmt = getattr(policy, "tool_call_format", None) or DEFAULT_TOOL_CALL_FORMAT
+    make_env = env_factory or _default_env
+    _seed_everything(seed)
+
+    episodes: list[_Episode] = []
+    for spec, level in zip(specs, lv, strict=True):
+        for k in range(samples_per_problem):
+            env = make_env(spec)
+            first = env.reset(spec=spec)
+            budget = int(env._turn_budget())
+            if max_turns > 0:
+                budget = min(budget, max_turns)
+            context: dict[str, Any] = {}
+            if wants_plan:  # privileged: only the oracle asks for it, and it never reaches trajectories
+                context["oracle_plan"] = [{"name": c.name, "arguments": dict(c.arguments)} for c in env._oracle()]
+            episodes.append(
+                _Episode(
+                    spec=spec, level=level, sample_idx=k, env=env, tools=type(env).tool_schemas(),
+                    messages=[{"role": "system", "content": env.system_prompt}, {"role": "user", "content": first}],
+                    budget=max(budget, 1), context=context,
+                )
+            )
+
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(episodes), desc=f"rollout {pid}", unit="ep", disable=not progress, dynamic_ncols=True)
+    done = successes = gen_tokens = 0
+    try:
+        while True:
+            live = [e for e in episodes if not e.finished]
+            if not live:
+                break
+            # Longest conversations first: chunks then hold similar lengths (less padding per batch).
+            live.sort(key=_Episode.size, reverse=True)
+            for start in range(0, len(live), batch_size):
+                chunk = live[start : start + batch_size]
+                turns = policy.act(
+                    [e.messages for e in chunk],
+                    [e.tools for e in chunk],
+                    contexts=[e.context for e in chunk] if wants_plan else None,
+                )
+                if len(turns) != len(chunk):
+                    raise RuntimeError(
+                        f"policy {pid} returned {len(turns)} turns for {len(chunk)} conversations; "
+                        "Policy.act must return exactly one Turn per conversation"
+                    )
+                for ep, turn in zip(chunk, turns, strict=True):
+                    _apply(ep, turn, fmt, require_tool_call)
+                    gen_tokens += turn.completion_tokens
+                    if ep.finished:
+                        ep.wall_s = time.perf_counter() - t0
+                        done += 1
+                        successes += ep.env.get_reward() >= 1.0
+                        bar.update(1)
+                elapsed = max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix(success=f"{successes}/{done}", tok_s=f"{gen_tokens / elapsed:.0f}")
+    finally:
+        bar.close()
+
+    return [_trajectory(e, pid) for e in episodes]
+
+
+def _default_env(spec: ProblemSpec) -> Environment:
+    try:
+        cls = FAMILIES[spec.family]
+    except KeyError:
+        raise ValueError(f"unknown environment family '{spec.family}'; known: {sorted(FAMILIES)}") from None
+    return cls()
+
+
+def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool) -> None:
+    """Append the assistant turn and its observations; update counters and the finish state."""
+    ep.turns += 1
+    ep.prompt_tokens += int(turn.prompt_tokens)
+    ep.completion_tokens += int(turn.completion_tokens)
+    msg = dict(turn.message)
+    msg["role"] = "assistant"
+    msg.setdefault("content", turn.raw if turn.parse_error else "")
+    names = type(ep.env).tool_names()
+
+    calls: list[ToolCall] = []
+    error = turn.parse_error
+    if error is None:
+        try:
+            calls = [_as_tool_call(c) for c in turn.tool_calls]
+        except (ValueError, TypeError, AttributeError) as e:
+            error = f"malformed tool call ({e})"
+        if not calls and error is None and require_tool_call:
+            error = "no tool call found in your reply"
+    if error is not None:
+        msg.pop("tool_calls", None)  # a failed parse must not leave half a call in the transcript
+        ep.messages.append(msg)
+        ep.parse_errors += 1
+        ep.messages.append({"role": "user", "content": _format_error(error, names, fmt)})
+    else:
+        ep.messages.append(msg)
+        for call in calls:
+            if ep.env.done:
+                break
+            obs = _execute(ep.env, call)
+            ep.tool_calls += 1
+            if obs.lstrip().startswith("Error"):
+                ep.tool_errors += 1
+            ep.messages.append({"role": "tool", "name": call.name, "content": obs})
+
+    if ep.env.done:
+        ep.finished = True
+    elif ep.turns >= ep.budget:
+        ep.finished = ep.truncated = True
+
+
+def _execute(env: Environment, call: ToolCall) -> str:
+    """Tools must not raise (envs/base.py); if one does, the agent sees an error, the run goes on."""
+    try:
+        return env._execute(call)
+    except Exception as e:  # noqa: BLE001 - a buggy tool must not kill a whole rollout of many episodes
+        log.warning("tool %s of %s raised %s: %s", call.name, env.family, type(e).__name__, e)
+        return f"Error: tool {call.name} failed: {type(e).__name__}: {e}"
+
+
+def _trajectory(ep: _Episode, policy_id: str) -> Trajectory:
+    reward = float(ep.env.get_reward())
+    return Trajectory(
+        problem_id=ep.spec.problem_id,
+        family=ep.spec.family,
+        spec=ep.spec.to_json(),
+        difficulty=json.dumps(dict(sorted(ep.spec.difficulty.items()))),
+        level=ep.level,
+        policy_id=policy_id,
+        sample_idx=ep.sample_idx,
+        messages=ep.messages,
+        tools=ep.tools,
+        reward=reward,
+        success=reward >= 1.0,
+        turns=ep.turns,
+        truncated=ep.truncated,
+        tool_errors=ep.tool_errors,
+        parse_errors=ep.parse_errors,
+        prompt_tokens=ep.prompt_tokens,
+        completion_tokens=ep.completion_tokens,
+        wall_s=round(ep.wall_s, 4),
+        extra={"budget": ep.budget, "tool_calls": ep.tool_calls},
+    )
