@@ -163,6 +163,47 @@ class LineageConfig(Section):
     experiment: str = "apprentice"
 
 
+class EvolveConfig(Section):
+    """Environment evolution (issue B): generation g -> g+1 by difficulty-raising operators."""
+
+    generations: int = Field(3, ge=1, description="Generations to evolve beyond generation 0.")
+    problems: int = Field(60, ge=1, description="Problems in generation 0 (each later one evolves them all).")
+    families: list[str] = Field(default_factory=lambda: ["store"], description="Families evolved.")
+    operators: list[Literal["horizon", "state", "harness"]] = Field(
+        default_factory=lambda: ["horizon", "state", "harness"],
+        description="Directions applied in turn (one per problem per generation, round-robin).")
+    reference_epsilon: float = Field(0.3, ge=0, le=1, description="Random-action share of the noisy oracle "
+                                     "used as the fixed reference policy that measures each generation.")
+    reference_samples: int = Field(2, ge=1, description="Reference episodes per evolved problem.")
+    seed: int = 0
+
+
+class CurriculumConfig(Section):
+    """Which problems RL (and synthesis) spend rollouts on: one sampler, chosen by ``sampler``."""
+
+    sampler: Literal["pass_band", "dtac", "hdc", "aes"] = Field(
+        "pass_band", description="pass_band: pass rate near p_star; dtac: learnable + hard-won replay + "
+        "some infeasible; hdc: harness weakening, then state scale; aes: cover abilities, not count.")
+    p_star: float = Field(0.5, gt=0, lt=1, description="Target pass rate (pass_band, aes tie-break).")
+    band: float = Field(0.35, gt=0, le=1, description="pass_band keeps |pass_rate - p_star| <= band.")
+    hard_threshold: float = Field(0.25, gt=0, lt=1, description="dtac: 0 < pass rate <= this is hard-won.")
+    easy_threshold: float = Field(0.9, gt=0, le=1, description="Pass rate >= this counts as mastered.")
+    replay_share: float = Field(0.2, ge=0, le=1, description="dtac: share of hard-won successes replayed.")
+    infeasible_share: float = Field(0.1, ge=0, le=1, description="dtac: share of never-solved problems.")
+    min_attempts: int = Field(2, ge=1, description="Attempts before a 0 pass rate counts as infeasible.")
+    advance_threshold: float = Field(0.6, gt=0, le=1, description="Scheduler: move to the next generation "
+                                     "when the student's pass rate on the current one reaches this.")
+    seed: int = 0
+    evolve: EvolveConfig = EvolveConfig()
+
+    @field_validator("infeasible_share")
+    @classmethod
+    def _shares(cls, v: float, info: Any) -> float:
+        if v + info.data.get("replay_share", 0.0) > 1:
+            raise ValueError("replay_share + infeasible_share must be <= 1 (the rest is learnable problems)")
+        return v
+
+
 class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
     model: ModelConfig = ModelConfig()
@@ -175,6 +216,7 @@ class Config(Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
     lineage: LineageConfig = LineageConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
