@@ -209,5 +209,33 @@ def replay(env_cls: type[Environment], spec: ProblemSpec, calls: list[ToolCall])
     return env.get_reward()
 
 
+def derive_seed(seed: int, *parts: Any) -> int:
+    """A new 63-bit seed from ``seed`` and labels, stable across runs, machines and Python versions."""
+    text = ":".join(str(p) for p in (seed, *parts))
+    return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+
+
+def generate_solvable(env_cls: type[Environment], seed: int, difficulty: Mapping[str, int],
+                      generation: int = 0, tries: int = 50) -> ProblemSpec:
+    """The first spec from ``seed`` (then seeds derived from it) whose oracle earns reward 1.0 on replay.
+
+    Shared by the families' ``generate`` classmethods: a problem is accepted only if its privileged
+    solution provably works *through the public tools*, so a generator bug shows up as a rejected
+    seed here (and a RuntimeError if every try fails) instead of as an unsolvable training problem.
+    """
+    for attempt in range(tries):
+        s = seed if attempt == 0 else derive_seed(seed, "retry", attempt)
+        spec = env_cls.make_spec(s, difficulty, generation)
+        env = env_cls()
+        env.reset(spec=spec)
+        calls = env._oracle()
+        if calls and len(calls) <= env._turn_budget() and replay(env_cls, spec, calls) == 1.0:
+            return spec
+    raise RuntimeError(
+        f"{env_cls.family}: no solvable problem in {tries} seeds derived from {seed} at difficulty "
+        f"{dict(difficulty)}; the generator cannot satisfy this difficulty vector, lower one of its axes"
+    )
+
+
 def spec_fields(spec: ProblemSpec) -> dict[str, Any]:
     return dataclasses.asdict(spec)
