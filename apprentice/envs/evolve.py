@@ -1,0 +1,242 @@
+"""Environment evolution: off-policy operators that make generation g+1 harder than generation g.
+
+METHODS.md §1 (seed 000, "environment evolution"): difficulty is raised *off-policy* along three
+directions taken from the multi-turn objective, and evolved generations enter training one at a
+time. Here the three directions are explicit maps from each family's difficulty axes:
+
+  * ``horizon``  more required steps (store: ops; grid: keys);
+  * ``state``    a larger world (store: scale; grid: size, then obstacles);
+  * ``harness``  less help and more ambiguity (store: look-ups, then terse harness, then
+                 distractors; grid: less budget slack).
+
+An operator moves a spec one step along the first axis of its direction that still has room, keeps
+the seed (so a store world *grows* instead of being replaced) and re-checks solvability through the
+public tools (oracle replay = 1.0), stepping to derived seeds only if the evolved vector has no
+solvable instance at that seed. Lineage (parent id, operator) goes in ``spec.extra``.
+
+Why no LLM mutator (the paper uses a multi-agent harness): our families are parametric, so a
+difficulty step is a spec edit with a verifiable oracle; the hard part the paper solves with agents
+(keeping an edited Docker environment solvable) is here a replay check.
+
+Also here: :func:`direction_scores` (the per-direction position the samplers and the difficulty
+predictor read), :func:`abilities_of` (AES's ability tags), the fixed *reference policy* used to
+measure that each generation is harder (an oracle that slips into a random tool call with
+probability epsilon before each step: it has no learning, so its pass rate moves only with the
+problems), and :class:`GenerationScheduler` (feed the next generation when the student passes the
+current one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from apprentice.envs import FAMILIES, Environment, ProblemSpec, ToolCall, replay
+
+
+def derive_seed(seed: int, *parts: Any) -> int:
+    """A 63-bit seed from ``seed`` and labels, stable across runs and machines."""
+    return int(hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).hexdigest()[:15], 16)
+
+DIRECTION_NAMES = ("horizon", "state", "harness")
+
+#: family -> direction -> [(axis, sign)]; sign -1 marks an axis where *lower* is harder.
+DIRECTIONS: dict[str, dict[str, list[tuple[str, int]]]] = {
+    "store": {
+        "horizon": [("ops", 1)],
+        "state": [("scale", 1)],
+        "harness": [("lookups", 1), ("harness", 1), ("distractors", 1)],
+    },
+    "grid": {
+        "horizon": [("keys", 1)],
+        "state": [("size", 1), ("obstacles", 1)],
+        "harness": [("budget_slack", -1)],
+    },
+}
+
+
+def directions_of(family: str) -> dict[str, list[tuple[str, int]]]:
+    cls = FAMILIES.get(family)
+    if family in DIRECTIONS:
+        return DIRECTIONS[family]
+    if cls is not None and hasattr(cls, "evolution_directions"):
+        return dict(cls.evolution_directions)
+    raise ValueError(f"family '{family}' has no evolution directions; add it to "
+                     "apprentice.envs.evolve.DIRECTIONS or give the class an `evolution_directions` attribute")
+
+
+def direction_scores(spec: ProblemSpec) -> dict[str, int]:
+    """Steps from the easy end along each direction (sign-adjusted sum over its axes).
+
+    ``spec.extra['harness']`` (a harness level for families without a harness axis) adds to harness."""
+    cls = FAMILIES[spec.family]
+    bounds = {ax.name: (ax.low, ax.high) for ax in cls.axes}
+    out = {}
+    for direction, axes in directions_of(spec.family).items():
+        total = 0
+        for axis, sign in axes:
+            lo, hi = bounds[axis]
+            v = int(spec.difficulty[axis])
+            total += (v - lo) if sign > 0 else (hi - v)
+        out[direction] = total
+    out["harness"] = out.get("harness", 0) + int(spec.extra.get("harness", 0))
+    return out
+
+
+def hardness(spec: ProblemSpec) -> dict[str, int]:
+    """The sign-adjusted difficulty vector: every component grows as the problem gets harder."""
+    cls = FAMILIES[spec.family]
+    signs = {a: s for axes in directions_of(spec.family).values() for a, s in axes}
+    out = {}
+    for ax in cls.axes:
+        v = int(spec.difficulty[ax.name])
+        out[ax.name] = (ax.high - v) if signs.get(ax.name, 1) < 0 else (v - ax.low)
+    out["extra_harness"] = int(spec.extra.get("harness", 0))
+    return out
+
+
+def abilities_of(spec: ProblemSpec) -> set[str]:
+    """AES ability tags: the family, each tool its oracle plan uses, and each non-trivial axis level."""
+    env = FAMILIES[spec.family]()
+    env.reset(spec=spec)
+    tags = {f"family:{spec.family}"}
+    tags |= {f"tool:{spec.family}.{c.name}" for c in env._oracle()}
+    for name, v in hardness(spec).items():
+        if v > 0:
+            tags.add(f"{spec.family}:{name}>={v}")
+    return tags
+
+
+def solvable(spec: ProblemSpec) -> bool:
+    """The oracle plan earns reward 1.0 through the public tools, within the turn budget."""
+    cls = FAMILIES[spec.family]
+    try:
+        env = cls()
+        env.reset(spec=spec)
+        plan = env._oracle()
+        return bool(plan) and len(plan) <= env._turn_budget() and replay(cls, spec, plan) == 1.0
+    except (ValueError, RuntimeError, AssertionError):
+        return False
+
+
+def _solvable_near(spec: ProblemSpec, tries: int = 30) -> ProblemSpec | None:
+    for attempt in range(tries):
+        cand = spec if attempt == 0 else dataclasses.replace(spec, seed=derive_seed(spec.seed, "evolve", attempt))
+        if solvable(cand):
+            return cand
+    return None
+
+
+def evolve_spec(spec: ProblemSpec, direction: str) -> ProblemSpec | None:
+    """One step harder along ``direction``; None when every axis of it is saturated or unsolvable."""
+    if direction not in DIRECTION_NAMES:
+        raise ValueError(f"unknown evolution direction '{direction}'; choose from {DIRECTION_NAMES}")
+    cls = FAMILIES[spec.family]
+    bounds = {ax.name: (ax.low, ax.high) for ax in cls.axes}
+    for axis, sign in directions_of(spec.family).get(direction, []):
+        v = int(spec.difficulty[axis]) + sign
+        lo, hi = bounds[axis]
+        if not lo <= v <= hi:
+            continue
+        extra = {**spec.extra, "parent": spec.problem_id, "operator": direction}
+        cand = ProblemSpec(spec.family, spec.seed, {**spec.difficulty, axis: v}, spec.generation + 1, extra)
+        found = _solvable_near(cand)
+        if found is not None:
+            return found
+    return None
+
+
+def evolve_generation(specs: Sequence[ProblemSpec], generation: int,
+                      operators: Sequence[str] = DIRECTION_NAMES) -> list[tuple[ProblemSpec, str]]:
+    """Generation g -> g+1: problem i tries ``operators[(i + g) % len]`` first, then the others in
+    turn, so every generation applies every direction. Saturated problems are dropped."""
+    out = []
+    for i, spec in enumerate(specs):
+        for k in range(len(operators)):
+            op = operators[(i + generation + k) % len(operators)]
+            new = evolve_spec(spec, op)
+            if new is not None:
+                out.append((new, op))
+                break
+    return out
+
+
+def seed_generation(families: Sequence[str], n: int, seed: int) -> list[ProblemSpec]:
+    """Generation 0: ``n`` easiest-level problems, split over the families."""
+    out = []
+    for i in range(n):
+        fam = families[i % len(families)]
+        cls = FAMILIES[fam]
+        s = derive_seed(seed, "gen0", fam, i)
+        out.append(cls.generate(s, 0) if hasattr(cls, "generate") else
+                   _solvable_near(cls.make_spec(s, cls.sample_difficulty(random.Random(s), 0))))
+    return out
+
+
+# ---- the fixed reference policy -----------------------------------------------------------------
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def _random_call(env: Environment, rng: random.Random, words: list[str]) -> ToolCall:
+    schema = rng.choice(env.tool_schemas())["function"]
+    args: dict[str, Any] = {}
+    for name, p in schema.get("parameters", {}).get("properties", {}).items():
+        if "enum" in p:
+            args[name] = rng.choice(p["enum"])
+        elif p.get("type") == "integer":
+            args[name] = rng.randint(1, 12)
+        else:
+            args[name] = rng.choice(words) if words else "x"
+    return ToolCall(schema["name"], args)
+
+
+def noisy_oracle_episode(spec: ProblemSpec, epsilon: float, rng: random.Random) -> dict[str, Any]:
+    """The oracle plan, open loop, slipping into a random tool call (random arguments) with probability
+    ``epsilon`` before each step. Slips cost budget and may corrupt the state; nothing is learned."""
+    env = FAMILIES[spec.family]()
+    task = env.reset(spec=spec)
+    plan, budget = env._oracle(), env._turn_budget()
+    words = _WORD.findall(task)
+    turns = slips = i = 0
+    while not env.done and turns < budget and i < len(plan):
+        if rng.random() < epsilon:
+            env._execute(_random_call(env, rng, words))
+            slips += 1
+        else:
+            env._execute(plan[i])
+            i += 1
+        turns += 1
+    return {"success": env.get_reward() >= 1.0, "turns": turns, "slips": slips, "plan_len": len(plan)}
+
+
+# ---- scheduler ----------------------------------------------------------------------------------
+class GenerationScheduler:
+    """Which generation training draws from: advance when the student's pass rate on the current
+    generation reaches ``threshold`` (never past the last; never back)."""
+
+    def __init__(self, n_generations: int, threshold: float) -> None:
+        if n_generations < 1:
+            raise ValueError("n_generations must be >= 1")
+        self.n, self.threshold, self.current = n_generations, threshold, 0
+        self.history: list[tuple[int, float]] = []
+
+    def observe(self, pass_rate: float) -> int:
+        """Record the student's pass rate on the current generation; return the generation to use next."""
+        self.history.append((self.current, float(pass_rate)))
+        if pass_rate >= self.threshold and self.current < self.n - 1:
+            self.current += 1
+        return self.current
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"current": self.current, "threshold": self.threshold, "n": self.n, "history": self.history}
+
+    @classmethod
+    def from_state(cls, d: Mapping[str, Any]) -> GenerationScheduler:
+        s = cls(int(d["n"]), float(d["threshold"]))
+        s.current = int(d["current"])
+        s.history = [(int(g), float(p)) for g, p in d.get("history", [])]
+        return s

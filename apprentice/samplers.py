@@ -1,0 +1,207 @@
+"""Curriculum samplers: which problems to spend rollouts on, chosen by one param (``curriculum.sampler``).
+
+Every sampler is a pure function ``(table, n, ...) -> list[problem_id]`` over a *pass-rate table*, a
+pandas frame with one row per problem:
+
+  ``problem_id``  str
+  ``attempts``    int, episodes observed for the current policy (probe or earlier rollouts)
+  ``successes``   int
+  ``pass_rate``   float (derived from the two above when missing)
+  ``horizon``, ``state``, ``harness``   int, the problem's position along the three evolution
+                  directions (``apprentice.envs.evolve.direction_scores``; hdc needs them)
+  ``abilities``   list[str] or JSON list (aes needs it): what solving the problem exercises
+
+so they can be tested on synthetic tables and reused by RL (order the training prompts) and by
+synthesis (pick which problems to keep). Why hand-written: the rules are a few lines each and come
+from papers (METHODS.md §2: pass-rate band / AdvSim2Real's "solved about half the time", DTAC,
+HDC, AES) that ship no reusable library. Ties are broken by a seeded hash of the problem id, so the
+order is reproducible and does not depend on row order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["SAMPLERS", "aes", "dtac", "hdc", "pass_band", "pass_table", "sample"]
+
+
+def _tiebreak(pid: str, seed: int) -> str:
+    return hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest()
+
+
+def _prepared(table: pd.DataFrame) -> pd.DataFrame:
+    t = table.copy()
+    if "problem_id" not in t:
+        raise ValueError("pass-rate table needs a 'problem_id' column (see apprentice.samplers docstring)")
+    if "pass_rate" not in t:
+        if not {"attempts", "successes"} <= set(t):
+            raise ValueError("pass-rate table needs 'pass_rate' or both 'attempts' and 'successes'")
+        t["pass_rate"] = t["successes"] / t["attempts"].where(t["attempts"] > 0)
+    if "attempts" not in t:
+        t["attempts"] = 1
+    if "successes" not in t:
+        t["successes"] = (t["pass_rate"] * t["attempts"]).round().fillna(0).astype(int)
+    t["problem_id"] = t["problem_id"].astype(str)
+    return t
+
+
+def pass_band(table: pd.DataFrame, n: int | None = None, *, p_star: float = 0.5, band: float = 0.35,
+              seed: int = 0, **_: Any) -> list[str]:
+    """Problems whose pass rate lies within ``band`` of ``p_star``, closest first.
+
+    A problem solved about ``p_star`` of the time gives GRPO the most within-group reward variance
+    (p(1-p) peaks at 1/2); unprobed problems (NaN) are left out."""
+    t = _prepared(table).dropna(subset=["pass_rate"])
+    t = t[(t["pass_rate"] - p_star).abs() <= band + 1e-12]
+    keyed = sorted(t.itertuples(), key=lambda r: (abs(r.pass_rate - p_star), _tiebreak(r.problem_id, seed)))
+    ids = [r.problem_id for r in keyed]
+    return ids[:n] if n is not None else ids
+
+
+def _pools(t: pd.DataFrame, hard_threshold: float, easy_threshold: float, min_attempts: int) -> dict[str, pd.DataFrame]:
+    p = t["pass_rate"]
+    return {
+        "learnable": t[(p > hard_threshold) & (p < easy_threshold)],
+        "hard_won": t[(p > 0) & (p <= hard_threshold)],
+        "infeasible": t[(p == 0) & (t["attempts"] >= min_attempts)],
+    }
+
+
+def dtac(table: pd.DataFrame, n: int, *, replay_share: float = 0.2, infeasible_share: float = 0.1,
+         hard_threshold: float = 0.25, easy_threshold: float = 0.9, min_attempts: int = 2,
+         p_star: float = 0.5, seed: int = 0, **_: Any) -> list[str]:
+    """DTAC-style mix of three pools (EvoCUA-1.5):
+
+    * ``round(n * replay_share)`` *hard-won* problems (0 < pass rate <= hard_threshold): their rare
+      successes are the most informative positives, so they are replayed, rarest first;
+    * ``round(n * infeasible_share)`` *infeasible* ones (never solved in >= min_attempts tries): a
+      controlled dose keeps the policy from learning that every problem has a solution;
+    * the rest *learnable* (hard_threshold < pass rate < easy_threshold), closest to p_star first.
+
+    A pool that runs short is topped up from learnable, then hard-won. Mastered problems (pass rate
+    >= easy_threshold) and unprobed ones are never chosen. The pools are interleaved evenly so that
+    any prefix of the order keeps roughly the same mix."""
+    t = _prepared(table).dropna(subset=["pass_rate"])
+    pools = _pools(t, hard_threshold, easy_threshold, min_attempts)
+
+    keys: dict[str, Callable[[Any], tuple]] = {
+        "learnable": lambda r: (abs(r.pass_rate - p_star), _tiebreak(r.problem_id, seed)),
+        "hard_won": lambda r: (r.pass_rate, _tiebreak(r.problem_id, seed)),  # rarest successes first
+        "infeasible": lambda r: (_tiebreak(r.problem_id, seed),),
+    }
+
+    def ranked(name: str) -> list[str]:
+        return [r.problem_id for r in sorted(pools[name].itertuples(), key=keys[name])]
+
+    avail = {k: ranked(k) for k in pools}
+    want = {"hard_won": round(n * replay_share), "infeasible": round(n * infeasible_share)}
+    take = {k: avail[k][: want[k]] for k in want}
+    take["learnable"] = avail["learnable"][: max(0, n - len(take["hard_won"]) - len(take["infeasible"]))]
+    short = n - sum(len(v) for v in take.values())
+    for k in ("learnable", "hard_won"):  # top-up order
+        if short <= 0:
+            break
+        extra = avail[k][len(take[k]): len(take[k]) + short]
+        take[k] = take[k] + extra
+        short -= len(extra)
+    # even interleave: each id gets a fractional position i/len(pool) within its pool
+    slots = [((i + 0.5) / len(ids), k, pid) for k, ids in take.items() for i, pid in enumerate(ids)]
+    return [pid for _, _, pid in sorted(slots)]
+
+
+def hdc(table: pd.DataFrame, n: int | None = None, *, easy_threshold: float = 0.9, seed: int = 0,
+        **_: Any) -> list[str]:
+    """Hierarchical Difficulty Curriculum: state scale is the slow (outer) axis, harness the fast
+    (inner) one, so within each state scale the harness is weakened first, and only then does the
+    state grow. Horizon breaks remaining ties (short first). Mastered problems (pass rate >=
+    easy_threshold) are skipped: they would only repeat what the policy already does."""
+    t = _prepared(table)
+    for col in ("state", "harness"):
+        if col not in t:
+            raise ValueError(f"hdc needs a '{col}' column; build the table with apprentice.samplers.pass_table")
+    if "horizon" not in t:
+        t["horizon"] = 0
+    t = t[~(t["pass_rate"] >= easy_threshold)]
+    keyed = sorted(t.itertuples(), key=lambda r: (r.state, r.harness, r.horizon, _tiebreak(r.problem_id, seed)))
+    ids = [r.problem_id for r in keyed]
+    return ids[:n] if n is not None else ids
+
+
+def _abilities(v: Any) -> frozenset[str]:
+    if isinstance(v, str):
+        v = json.loads(v)
+    return frozenset(str(a) for a in (v or []))
+
+
+def aes(table: pd.DataFrame, n: int, *, p_star: float = 0.5, easy_threshold: float = 0.9, seed: int = 0,
+        **_: Any) -> list[str]:
+    """Ability-aware selection: greedy set cover over ``abilities``.
+
+    Each pick is the problem adding the most abilities not yet covered in this round (ties: pass
+    rate closest to p_star, then the seeded hash). When a round covers every ability present, a new
+    round starts, so the first k picks span as many abilities as k problems can, instead of piling
+    up the most common kind. Mastered problems are skipped unless nothing else is left."""
+    t = _prepared(table)
+    if "abilities" not in t:
+        raise ValueError("aes needs an 'abilities' column; build the table with apprentice.samplers.pass_table")
+    live = t[~(t["pass_rate"] >= easy_threshold)]
+    if live.empty:
+        live = t
+    cand = {r.problem_id: (_abilities(r.abilities), r.pass_rate) for r in live.itertuples()}
+    universe = frozenset().union(*(a for a, _ in cand.values())) if cand else frozenset()
+    covered: set[str] = set()
+    out: list[str] = []
+    while cand and len(out) < n:
+        def score(pid: str, covered: set[str] = covered) -> tuple:
+            abil, p = cand[pid]
+            dist = abs(p - p_star) if not (isinstance(p, float) and math.isnan(p)) else 1.0
+            return (-len(abil - covered), dist, _tiebreak(pid, seed))
+
+        best = min(cand, key=score)
+        out.append(best)
+        covered |= cand.pop(best)[0]
+        if covered >= universe:
+            covered = set()
+    return out
+
+
+SAMPLERS: dict[str, Callable[..., list[str]]] = {"pass_band": pass_band, "dtac": dtac, "hdc": hdc, "aes": aes}
+
+
+def sample(table: pd.DataFrame, n: int, cfg: Any) -> list[str]:
+    """Dispatch on ``cfg.sampler`` (a :class:`apprentice.config.CurriculumConfig`) with its settings."""
+    try:
+        fn = SAMPLERS[cfg.sampler]
+    except KeyError:
+        raise ValueError(f"unknown curriculum.sampler '{cfg.sampler}'; choose from {sorted(SAMPLERS)}") from None
+    kw = {k: getattr(cfg, k) for k in ("p_star", "band", "replay_share", "infeasible_share", "hard_threshold",
+                                        "easy_threshold", "min_attempts", "seed")}
+    return fn(table, n, **kw)
+
+
+def pass_table(trajectories: pd.DataFrame, problems: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per-problem table from trajectory rows (``problem_id``, ``success``, ``spec``), with the
+    direction scores and abilities the samplers read. ``problems`` (a problems parquet frame) adds
+    unprobed problems with attempts 0 and pass rate NaN."""
+    from apprentice.envs import ProblemSpec
+    from apprentice.envs.evolve import abilities_of, direction_scores
+
+    agg = trajectories.groupby("problem_id").agg(attempts=("success", "size"), successes=("success", "sum"),
+                                                 spec=("spec", "first")).reset_index()
+    if problems is not None:
+        missing = problems[~problems["problem_id"].isin(agg["problem_id"])]
+        agg = pd.concat([agg, pd.DataFrame({"problem_id": missing["problem_id"], "attempts": 0, "successes": 0,
+                                            "spec": missing["spec"]})], ignore_index=True)
+    agg["pass_rate"] = agg["successes"] / agg["attempts"].where(agg["attempts"] > 0)
+    specs = [ProblemSpec.from_json(s) for s in agg["spec"]]
+    scores = pd.DataFrame([direction_scores(s) for s in specs])
+    agg = pd.concat([agg.reset_index(drop=True), scores], axis=1)
+    agg["family"] = [s.family for s in specs]
+    agg["abilities"] = [sorted(abilities_of(s)) for s in specs]
+    return agg
