@@ -216,10 +216,12 @@ def save_model(model: Any, tokenizer: Any | None, out: str | os.PathLike[str]) -
 
 
 def make_tiny_model(tokenizer: Any, out_dir: str | os.PathLike[str], hidden: int = 64, layers: int = 2,
-                    seed: int = 0, heads: int = 4, kv_heads: int = 2) -> Path:
+                    seed: int = 0, heads: int = 4, kv_heads: int = 2, **config: Any) -> Path:
     """A randomly initialised ``LlamaForCausalLM`` sharing ``tokenizer``'s vocabulary and special
     ids, saved (with the tokenizer) as an HF folder. Same seed -> identical weights. Tests and the
-    quick profile use it: it exercises every code path of the 135M model at ~1/40 of the cost."""
+    quick profile use it: it exercises every code path of the 135M model at ~1/40 of the cost.
+    ``config`` overrides LlamaConfig fields (e.g. ``initializer_range=0.5`` for a model whose
+    greedy output varies with the prompt instead of repeating one token)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     if isinstance(tokenizer, str | os.PathLike):
@@ -229,7 +231,7 @@ def make_tiny_model(tokenizer: Any, out_dir: str | os.PathLike[str], hidden: int
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=4096, tie_word_embeddings=True, use_cache=True,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id, **config,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
