@@ -29,9 +29,12 @@ current one).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import inspect
 import random
 import re
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,6 +58,11 @@ DIRECTIONS: dict[str, dict[str, list[tuple[str, int]]]] = {
         "horizon": [("keys", 1)],
         "state": [("size", 1), ("obstacles", 1)],
         "harness": [("budget_slack", -1)],
+    },
+    "search": {
+        "horizon": [("hops", 1)],
+        "state": [("corpus", 1)],
+        "harness": [("distractors", 1), ("budget_slack", -1)],
     },
 }
 
@@ -181,17 +189,28 @@ def seed_generation(families: Sequence[str], n: int, seed: int) -> list[ProblemS
 _WORD = re.compile(r"[A-Za-z]+")
 
 
+@functools.cache
+def _signatures(cls: type[Environment]) -> list[tuple[str, list[tuple[str, type]], list[str]]]:
+    """(tool, [(param, annotation)], words of its docstring) from signatures: cheaper than JSON
+    schemas (no transformers import). Docstring words make plausible string arguments ("up")."""
+    out = []
+    for name in cls.tool_names():
+        fn = getattr(cls, name)
+        hints = typing.get_type_hints(fn)
+        params = [p for p in inspect.signature(fn).parameters if p != "self"]
+        out.append((name, [(p, hints.get(p, str)) for p in params], _WORD.findall(inspect.getdoc(fn) or "")))
+    return out
+
+
 def _random_call(env: Environment, rng: random.Random, words: list[str]) -> ToolCall:
-    schema = rng.choice(env.tool_schemas())["function"]
+    name, params, doc_words = rng.choice(_signatures(type(env)))
     args: dict[str, Any] = {}
-    for name, p in schema.get("parameters", {}).get("properties", {}).items():
-        if "enum" in p:
-            args[name] = rng.choice(p["enum"])
-        elif p.get("type") == "integer":
-            args[name] = rng.randint(1, 12)
+    for p, ann in params:
+        if ann is int:
+            args[p] = rng.randint(1, 12)
         else:
-            args[name] = rng.choice(words) if words else "x"
-    return ToolCall(schema["name"], args)
+            args[p] = rng.choice(words + doc_words) if words or doc_words else "x"
+    return ToolCall(name, args)
 
 
 def noisy_oracle_episode(spec: ProblemSpec, epsilon: float, rng: random.Random) -> dict[str, Any]:
