@@ -126,9 +126,9 @@ def _layout(rng: random.Random, n: int, n_keys: int, obstacles: int) -> _Board |
     for i in range(n_keys):
         pool = [p for j in range(i + 1) for p in regions[j] if p != start and p not in keys]
         keys.append(rng.choice(pool))
-    fixed = {start, goal, *keys, *doors}
+    fixed = {start, goal, *keys, *doors, *((r, c + dc) for r, c in doors for dc in (-1, 1))}
     free = [p for reg in regions for p in reg if p not in fixed]
-    n_obst = round(obstacles * 0.07 * len(free))
+    n_obst = round(obstacles * 0.06 * len(free))
     walls |= set(rng.sample(free, min(n_obst, len(free))))
     return _Board(n, frozenset(walls), start, goal, tuple(keys), doors)
 
@@ -208,7 +208,7 @@ class GridEnv(Environment):
     family: ClassVar[str] = "grid"
     axes: ClassVar[tuple[DifficultyAxis, ...]] = (
         DifficultyAxis("size", 4, 9, "side of the square board"),
-        DifficultyAxis("obstacles", 0, 4, "obstacle density step (about 7 % of free cells each)"),
+        DifficultyAxis("obstacles", 0, 4, "obstacle density step (about 6 % of free cells each)"),
         DifficultyAxis("keys", 0, 2, "locked doors on the way to the goal (needs size >= 2*keys+1)"),
         DifficultyAxis("budget_slack", 0, 6, "extra actions beyond the oracle's (more is easier)"),
     )
@@ -255,8 +255,9 @@ class GridEnv(Environment):
                 break
             board = _transform(board, _symmetry(rng, board.n))
             plan = _solve(board)
-            if plan:
+            if 0 < len(plan) <= 4 * board.n:  # long mazes cost thousands of tokens: redraw
                 break
+            plan = []
         if board is None:  # keys do not fit: an empty board that no plan solves (generate rejects it)
             board = _Board(d["size"], frozenset(), (0, 0), (0, 0), (), ())
         self._board, self._plan = board, plan
