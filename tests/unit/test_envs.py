@@ -258,3 +258,33 @@ def test_search_articles_and_observations_are_short():
     env, _, first = _fresh(SearchEnv, 3, level=4)
     assert len(first.split()) < 40
     assert all(len(a.split()) <= 20 and a.count(".") <= 5 for a in env._docs.values())
+
+
+_TRANSCRIPT_SCRIPT = """
+import hashlib
+from apprentice.envs import env_for
+from apprentice.envs.grid import GridEnv
+from apprentice.envs.search import SearchEnv
+h = hashlib.sha256()
+for cls, level in ((GridEnv, 5), (SearchEnv, 4)):
+    for seed in range(5):
+        spec = cls.generate(seed, level)
+        env = env_for(spec)
+        h.update(spec.to_json().encode() + env.reset(spec=spec).encode())
+        h.update(repr(getattr(env, "_docs", "")).encode())
+        for c in env._oracle():
+            h.update(env._execute(c).encode())
+print(h.hexdigest())
+"""
+
+
+def test_episodes_do_not_depend_on_python_hash_seed():
+    import os
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", _TRANSCRIPT_SCRIPT], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": hs}) for hs in ("1", "2")]
+    outs = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(outs) == 1 and len(next(iter(outs))) == 64

@@ -1,0 +1,127 @@
+"""Stage ``synth``: generate iteration k's training and held-out problem specs.
+
+Writes ``paths.problems`` (split ``train``) and ``paths.eval_problems`` (split ``eval``) as problem
+tables (:func:`apprentice.trajectories.problems_frame`). Problem ``i`` of a split goes to family
+``families[i % F]`` at level ``levels[(i // F) % L]``, so every family sees every level in turn, and
+its seed is derived from (pipeline seed, synth seed, iteration, split, i): the same config gives
+byte-identical Parquet files, and train and eval never share a problem (asserted). Each family's
+``generate(seed, level)`` accepts a problem only if its oracle earns reward 1.0 on replay.
+
+Resumable: a manifest (``synth.json`` beside the outputs, written last) records a fingerprint of the
+config section, the iteration and the generator source code, plus the outputs' SHA-256; a rerun that
+finds matching outputs does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from apprentice import trajectories
+from apprentice.config import Config
+from apprentice.envs import FAMILIES, base, env_for
+from apprentice.envs.base import ProblemSpec, derive_seed
+from apprentice.paths import Paths, atomic_path
+from apprentice.trajectories import problems_frame, write_parquet
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def manifest_path(paths: Paths) -> Path:
+    return paths.data / "synth.json"
+
+
+def fingerprint(cfg: Config, paths: Paths) -> str:
+    """What the outputs are a function of: the synth section, the seeds, the generators' code."""
+    sources = [inspect.getsourcefile(m) for m in (base, trajectories, inspect.getmodule(run))]
+    sources += [inspect.getsourcefile(FAMILIES[f]) for f in cfg.synth.families]
+    code = {Path(s).name: _sha256(Path(s)) for s in sources if s}
+    blob = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
+            "iteration": paths.iteration, "code": dict(sorted(code.items()))}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def plan(cfg: Config, iteration: int, split: str, n: int) -> list[tuple[str, int, int]]:
+    """(family, level, seed) for each of the ``n`` problems of ``split``."""
+    fams, levels = cfg.synth.families, cfg.synth.levels
+    return [(fams[i % len(fams)], levels[(i // len(fams)) % len(levels)],
+             derive_seed(cfg.pipeline.seed, cfg.synth.seed, iteration, split, i)) for i in range(n)]
+
+
+def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
+    cls = FAMILIES[family]
+    gen = getattr(cls, "generate", None)
+    if gen is None:
+        raise ValueError(f"environment family '{family}' has no generate(seed, level) classmethod; add one")
+    return gen
+
+
+def _is_done(cfg: Config, paths: Paths, fp: str) -> dict[str, Any] | None:
+    m = manifest_path(paths)
+    if not (m.exists() and paths.problems.exists() and paths.eval_problems.exists()):
+        return None
+    try:
+        info = json.loads(m.read_text())
+    except json.JSONDecodeError:
+        return None
+    if info.get("fingerprint") != fp:
+        return None
+    if info.get("sha256") != {"problems": _sha256(paths.problems), "eval_problems": _sha256(paths.eval_problems)}:
+        return None
+    return info
+
+
+def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
+    """Generate and write both splits; return counts per split/family/level and mean oracle turns."""
+    fp = fingerprint(cfg, paths)
+    if (info := _is_done(cfg, paths, fp)) is not None:
+        return {**info["summary"], "skipped": True}
+
+    jobs = {"train": plan(cfg, paths.iteration, "train", cfg.synth.n_train),
+            "eval": plan(cfg, paths.iteration, "eval", cfg.synth.n_eval)}
+    specs: dict[str, list[ProblemSpec]] = {"train": [], "eval": []}
+    turns: dict[str, dict[str, list[int]]] = {}
+    with tqdm(total=sum(map(len, jobs.values())), desc=f"synth iter {paths.iteration}", unit="problem") as bar:
+        for split, items in jobs.items():
+            for family, level, seed in items:
+                spec = _generator(family)(seed, level)
+                specs[split].append(spec)
+                turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
+                bar.update()
+
+    ids = {split: [s.problem_id for s in ss] for split, ss in specs.items()}
+    for split, pid in ids.items():
+        assert len(set(pid)) == len(pid), f"synth: duplicate problem ids within {split}; change synth.seed"
+    shared = set(ids["train"]) & set(ids["eval"])
+    assert not shared, f"synth: train and eval share problems {sorted(shared)[:3]}; change synth.seed"
+
+    frames = {split: problems_frame(specs[split], [lv for _, lv, _ in jobs[split]], split) for split in jobs}
+    write_parquet(frames["train"], paths.problems)
+    write_parquet(frames["eval"], paths.eval_problems)
+
+    counts = {split: {f: {str(lv): int(n) for lv, n in sorted(g.groupby("level").size().items())}
+                      for f, g in sorted(df.groupby("family"))} for split, df in frames.items()}
+    summary = {
+        "iteration": paths.iteration,
+        "train": len(specs["train"]),
+        "eval": len(specs["eval"]),
+        "counts": counts,
+        "oracle_turns_mean": {f: {lv: round(mean(v), 2) for lv, v in sorted(d.items())}
+                              for f, d in sorted(turns.items())},
+        "problems": str(paths.problems),
+        "eval_problems": str(paths.eval_problems),
+    }
+    manifest = {"fingerprint": fp, "summary": summary,
+                "sha256": {"problems": _sha256(paths.problems), "eval_problems": _sha256(paths.eval_problems)}}
+    with atomic_path(manifest_path(paths)) as tmp:  # written last: its presence means "done"
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return {**summary, "skipped": False}
