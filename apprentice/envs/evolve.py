@@ -160,12 +160,14 @@ def evolve_spec(spec: ProblemSpec, direction: str) -> ProblemSpec | None:
 
 def evolve_generation(specs: Sequence[ProblemSpec], generation: int,
                       operators: Sequence[str] = DIRECTION_NAMES) -> list[tuple[ProblemSpec, str]]:
-    """Generation g -> g+1: problem i tries ``operators[(i + g) % len]`` first, then the others in
-    turn, so every generation applies every direction. Saturated problems are dropped."""
+    """Generation g -> g+1: each problem tries ``operators[(h + g) % len]`` first (h from its id, so
+    the direction does not line up with the family or row order), then the others in turn; over
+    generations every problem is pushed along every direction. Saturated problems are dropped."""
     out = []
-    for i, spec in enumerate(specs):
+    for spec in specs:
+        start = int(spec.problem_id[:8], 16) + generation
         for k in range(len(operators)):
-            op = operators[(i + generation + k) % len(operators)]
+            op = operators[(start + k) % len(operators)]
             new = evolve_spec(spec, op)
             if new is not None:
                 out.append((new, op))

@@ -79,7 +79,8 @@ def summarize(ref: pd.DataFrame) -> dict[str, Any]:
         row: dict[str, Any] = {"generation": int(g), "problems": int(df["problem_id"].nunique()), "episodes": n,
                                "pass_rate": k / n, "ci_low": lo, "ci_high": hi,
                                "mean_plan_len": float(df["plan_len"].mean()),
-                               "by_operator": {op: float(d["success"].mean()) for op, d in df.groupby("operator")}}
+                               "by_operator": {op: float(d["success"].mean()) for op, d in df.groupby("operator")},
+                               "by_family": {f: float(d["success"].mean()) for f, d in df.groupby("family")}}
         if gens:
             p = gens[-1]
             k0, n0 = round(p["pass_rate"] * p["episodes"]), p["episodes"]

@@ -57,7 +57,7 @@ def test_saturated_direction_returns_none():
 
 def test_generation_uses_every_direction_and_stays_solvable():
     cls = FAMILIES["store"]
-    gen0 = [cls.generate(s, 0) for s in range(6)]
+    gen0 = [cls.generate(s, 0) for s in range(12)]
     gen1 = evolve_generation(gen0, 0)
     assert {op for _, op in gen1} == set(DIRECTION_NAMES)
     assert all(solvable(s) and s.generation == 1 for s, _ in gen1)
