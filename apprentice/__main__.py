@@ -24,6 +24,7 @@ STAGES = {
     "distill": "distill",
     "evaluate": "evaluate",
     "promote": "promote",
+    "report": "report",
     "evolve": "evolve",
 }
 

@@ -132,6 +132,38 @@ class StudentConfig(Section):
     warmup_lr: float = Field(1e-3, gt=0)
 
 
+class OPDConfig(Section):
+    """Multi-turn on-policy distillation family (issue C; apprentice/training/opd, docs/experiments.md C).
+
+    ``distill.variant`` picks the recipe; these knobs parameterise it. ``*_steps = 0`` means "over
+    ``distill.max_steps``"."""
+
+    samples_per_problem: int = Field(1, ge=1, description="Episodes per problem per step (GRPO group; atod/grpo need >= 2).")
+    max_turns: int = Field(0, ge=0, description="Cap on turns per training episode (0 = each problem's budget).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of both executors in rollouts.")
+    weighting: Literal["token", "turn"] = Field("token", description="Token-level or turn-balanced loss weights.")
+    sod_alpha: float = Field(0.0, description="SOD step re-weighting exp(-alpha d_k/mean d): >0 attenuates high-divergence turns, <0 amplifies (T-DUR).")
+    train_teacher_turns: bool = Field(False, description="Also distil on teacher-written turns (default: context only).")
+    guided_p0: float = Field(0.5, ge=0, le=1, description="Guided-OPD: teacher-intervention probability at step 0.")
+    guided_decay: Literal["linear", "cosine", "exponential"] = "linear"
+    guided_decay_steps: int = Field(0, ge=0, description="Steps until p reaches 0 (0 = distill.max_steps).")
+    dash_drift_threshold: float = Field(0.9, gt=0, description="DASH: drift evidence that hands the turn to the teacher.")
+    dash_recovery_threshold: float = Field(0.9, gt=0, description="DASH: recovery evidence that hands it back.")
+    dash_allowance: float = Field(0.5, ge=0, lt=1, description="DASH: CUSUM allowance subtracted per turn (spike filter).")
+    dash_scale: float = Field(1.0, gt=0, description="DASH: nats of log-ratio that normalise to ~0.63.")
+    tcod_start_turns: int = Field(1, ge=1, description="TCOD: exposed depth at step 0.")
+    tcod_end_turns: int = Field(8, ge=1, description="TCOD: exposed depth at the end of the schedule.")
+    tcod_schedule: Literal["linear", "stages"] = "linear"
+    tcod_steps: int = Field(0, ge=0, description="Steps to reach the full depth (0 = distill.max_steps).")
+    anneal_kind: Literal["linear", "cosine", "exponential"] = Field("linear", description="ATOD: OPD->RL schedule shape.")
+    anneal_steps: int = Field(0, ge=0, description="ATOD: steps of the OPD->RL ramp (0 = distill.max_steps).")
+    anneal_opd_end: float = Field(0.1, ge=0, description="ATOD: OPD weight at the end of the ramp (starts at 1).")
+    anneal_rl_end: float = Field(1.0, ge=0, description="ATOD: RL weight at the end of the ramp (starts at 0).")
+    privileged_context: Literal["oracle_plan", "answer"] = Field(
+        "oracle_plan", description="privileged variant: what the self-teacher sees in its system prompt.")
+    privileged_sync_steps: int = Field(0, ge=0, description="privileged: re-copy the student into the teacher every N steps (0 = never).")
+
+
 class DistillConfig(Section):
     student: StudentConfig = StudentConfig()
     max_steps: int = Field(4, ge=0)
@@ -140,7 +172,11 @@ class DistillConfig(Section):
     learning_rate: float = Field(5e-5, gt=0)
     divergence: Literal["forward_kl", "reverse_kl", "jsd"] = "jsd"
     beta: float = Field(0.5, ge=0, le=1, description="JSD interpolation (0 = forward KL, 1 = reverse KL).")
-    variant: str = Field("vanilla", description="OPD variant (issue C): vanilla, guided, dash, tcod, ...")
+    variant: str = Field("vanilla", description="OPD variant (issue C): vanilla, guided, dash, tcod, atod, privileged, grpo")
+    opd: OPDConfig = OPDConfig()
+    prompt_source: Literal["problems", "trajectories", "both"] = Field(
+        "both", description="Distillation prompts: problem starts, teacher-trajectory prefixes, or both."
+    )
     save_steps: int = Field(2, ge=1)
     seed: int = 0
 
@@ -156,6 +192,9 @@ class EvaluateConfig(Section):
 class PromoteConfig(Section):
     alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the paired test.")
     registered_model: str = "apprentice-agent"
+    candidate: Literal["sft", "rl", "student"] = Field(
+        "student", description="Which model of the iteration is registered and becomes `challenger`."
+    )
 
 
 class LineageConfig(Section):

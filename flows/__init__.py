@@ -1,0 +1,1 @@
+"""Prefect flows (the only place besides ``tasks/`` that imports Prefect)."""

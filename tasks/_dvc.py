@@ -1,0 +1,109 @@
+"""What every stage task does: run its DVC stage, then record it in MLflow.
+
+Why DVC drives the stage (and not the task calling the Python function directly): DVC decides
+whether a stage must run (params, code and data hashes in ``dvc.lock``), so a restarted flow skips
+finished stages and ``dvc repro`` alone reproduces everything without Prefect or MLflow. The stage
+runs as a subprocess (``dvc repro --single-item``), which isolates DVC's locks and logging and lets
+the flow hand the nested MLflow run to the stage through ``MLFLOW_RUN_ID``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from apprentice import dvcgen, lineage
+
+#: Retries of the stages that talk to a teacher/policy (network endpoints fail transiently).
+ROLLOUT_RETRIES = int(os.environ.get("APPRENTICE_ROLLOUT_RETRIES", "2"))
+
+
+class StageFailed(RuntimeError):
+    """A DVC stage exited non-zero; the message carries the tail of its output."""
+
+
+@dataclass(frozen=True)
+class StageContext:
+    repo: str  # the git/DVC repository (code lives here)
+    workdir: str  # the profile's pipeline dir (repo root for `default`)
+    profile: str
+    iteration: int | None
+    parent_run_id: str | None
+
+
+#: JSON files a stage writes whose flat numbers are logged as run metrics (relative to the workdir).
+_RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "promote": ["reports/iter_{k}/promotion.json"],
+                 "evaluate": [f"data/iter_{{k}}/eval/{p}.json" for p in dvcgen.EVAL_POLICIES]}
+_ARTIFACTS = {"validate": ["reports/iter_{k}/gate.html", "reports/iter_{k}/gate.json"],
+              "promote": ["reports/iter_{k}/promotion.json"],
+              "report": ["reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
+                                                               for c, _ in dvcgen.CURVES]}
+_STEP_METRICS = {stage: f"models/iter_{{k}}/{out}/metrics.jsonl" for stage, out in dvcgen.CURVES}
+
+
+def stage_env(repo: Path, run_id: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(repo), env.get("PYTHONPATH", "")] if p)
+    env.update(DVC_NO_ANALYTICS="1", DO_NOT_TRACK="true", MLFLOW_DISABLE_TELEMETRY="true")
+    if run_id:
+        env["MLFLOW_RUN_ID"] = run_id
+    return env
+
+
+def dvc_repro(target: str, workdir: Path, env: dict[str, str]) -> tuple[int, str, bool]:
+    """``dvc repro --single-item target``, streaming its output; returns (rc, tail, executed)."""
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", target], cwd=workdir,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    tail: deque[str] = deque(maxlen=60)
+    executed = False
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        executed |= line.startswith("Running stage")
+        tail.append(line)
+        print(line, end="", flush=True)
+    return proc.wait(), "".join(tail), executed
+
+
+def _flat_numbers(path: Path, prefix: str) -> dict[str, float]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {f"{prefix}{k}": v for k, v in lineage.flatten(data).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
+    """Run one stage of iteration ``ctx.iteration`` through DVC inside a nested MLflow run."""
+    repo, wd, k = Path(ctx.repo), Path(ctx.workdir), ctx.iteration
+    name = dvcgen.stage_name(stage, k)
+    raw = yaml.safe_load((wd / "params.yaml").read_text()) or {}
+    params = {key: raw.get(key.split(".")[0]) for key in dvcgen.PARAMS[stage] if "." not in key}
+    fmt = {"k": k}
+    if ctx.parent_run_id is None:  # no lineage (e.g. prepare-base outside an iteration)
+        rc, tail, executed = dvc_repro(f"dvc.yaml:{name}", wd, stage_env(repo, None))
+        if rc:
+            raise StageFailed(f"stage {name} failed (exit {rc}); last output:\n{tail}")
+        return {"stage": name, "executed": executed}
+    with lineage.stage_run(ctx.parent_run_id, name, k or 0, ctx.profile) as run_id:
+        rc, tail, executed = dvc_repro(f"dvc.yaml:{name}", wd, stage_env(repo, run_id))
+        lineage.log_artifacts(run_id, [wd / p.format(**fmt) for p in _ARTIFACTS.get(stage, [])])
+        if rc:
+            lineage.set_tags(run_id, {"dvc.executed": str(executed), "error": tail[-4000:]})
+            raise StageFailed(f"stage {name} failed (exit {rc}); last output:\n{tail}")
+        result: dict[str, Any] = {}
+        for p in _RESULT_FILES.get(stage, []):
+            f = wd / p.format(**fmt)
+            result.update(_flat_numbers(f, f"{f.stem}." if stage == "evaluate" else ""))
+        step_files = [wd / _STEP_METRICS[stage].format(**fmt)] if stage in _STEP_METRICS else []
+        logged = lineage.log_stage(run_id, name, wd, executed, params, step_files, result)
+    return {"stage": name, "executed": executed, "run_id": run_id, **logged, "result": result}

@@ -1,0 +1,74 @@
+"""Promotion: aliases move only on a significant paired win, in a real MLflow sqlite store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from apprentice.config import load_config
+from apprentice.paths import Paths
+from apprentice.stages.promote import decide
+from apprentice.trajectories import write_parquet
+
+REPO = Path(__file__).resolve().parents[2]
+IDS = [f"p{i:02d}" for i in range(30)]
+
+
+def _episodes(successes: list[bool], policy: str) -> pd.DataFrame:
+    return pd.DataFrame({"problem_id": IDS[: len(successes)], "policy_id": policy, "sample_idx": 0,
+                         "success": successes, "reward": [float(s) for s in successes]})
+
+
+def test_decide_rule():
+    strong, weak = _episodes([True] * 27 + [False] * 3, "a"), _episodes([True] * 10 + [False] * 20, "b")
+    assert decide(strong, None, 0.05, has_champion=False)["promote"]
+    up = decide(strong, weak, 0.05, has_champion=True)
+    assert up["promote"] and up["p_value"] < 0.05 and up["challenger_only"] == 17
+    down = decide(weak, strong, 0.05, has_champion=True)
+    assert not down["promote"] and "not better" in down["reason"]
+    slight = decide(_episodes([True] * 12 + [False] * 18, "c"), weak, 0.05, has_champion=True)
+    assert not slight["promote"] and "not significant" in slight["reason"]
+    kept = decide(strong, None, 0.05, has_champion=True)
+    assert not kept["promote"] and "no evaluation" in kept["reason"]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    return tmp_path
+
+
+def _iteration(root: Path, k: int, successes: list[bool]) -> Paths:
+    paths = Paths(root, k)
+    held = pd.DataFrame({"problem_id": IDS, "split": "eval"})
+    write_parquet(held, paths.eval_problems)
+    write_parquet(_episodes(successes, "student"), paths.eval_dir / "student.parquet")
+    paths.student_model.mkdir(parents=True, exist_ok=True)  # referenced, never read
+    return paths
+
+
+def test_champion_stays_when_challenger_is_worse(store):
+    from apprentice import lineage
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml")
+    first = promote.run(cfg, _iteration(store, 1, [True] * 20 + [False] * 10))
+    assert first["promoted"] and first["champion_version"] == 1 and "first" in first["reason"]
+
+    worse = promote.run(cfg, _iteration(store, 2, [True] * 8 + [False] * 22))
+    assert not worse["promoted"] and worse["version"] == 2 and worse["champion_version"] == 1
+    assert "not better" in worse["reason"] and worse["p_value"] < 0.05
+    name = cfg.promote.registered_model
+    assert lineage.aliases(name) == {"champion": "1", "challenger": "2"}
+    v2 = lineage.alias_version(name, "challenger")
+    assert v2["tags"]["promotion"] == "kept" and "not better" in v2["tags"]["promotion_reason"]
+    assert v2["tags"]["weights_path"] == "models/iter_2/student"  # a reference, not a copy
+    record = json.loads((store / "reports/iter_2/promotion.json").read_text())
+    assert record["promoted"] is False and record["champion_before"] == 1
+
+    better = promote.run(cfg, _iteration(store, 3, [True] * 30))
+    assert better["promoted"] and lineage.aliases(name) == {"champion": "3", "challenger": "3"}
