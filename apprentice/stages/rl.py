@@ -1,0 +1,99 @@
+"""Stage ``rl``: curriculum GRPO from the SFT model -> ``models/iter_k/rl``.
+
+1. order the training problems easy -> hard;
+2. probe the first ``rl.probe_problems`` of them with ``rl.probe_samples`` sampled episodes each
+   (temperature 1, the same engine evaluation uses) and drop those the policy always or never
+   solves (``training.curriculum``);
+3. GRPO over what is left, in order (``training.rl``).
+
+``rl.max_steps = 0`` copies the SFT model unchanged (lets a profile skip RL while keeping the DAG).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pandas as pd
+
+from apprentice.config import Config
+from apprentice.paths import Paths, atomic_path
+
+CURRICULUM_FILE = "curriculum.json"
+
+
+def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> tuple[pd.DataFrame, dict]:
+    """Curriculum order + pass-rate filter; returns the kept rows (in order) and a summary."""
+    from apprentice.training import curriculum
+
+    if "split" in problems.columns:
+        problems = problems[problems["split"] != "eval"]
+    ordered = curriculum.order_by_difficulty(problems) if cfg.rl.curriculum == "difficulty" else \
+        problems.sample(frac=1.0, random_state=cfg.rl.seed).reset_index(drop=True)
+    ids = ordered["problem_id"].tolist()
+    if cfg.rl.probe_samples <= 0:
+        return ordered, {"candidates": len(ids), "probed": 0, "kept": len(ids)}
+    probe_rows = ordered.head(cfg.rl.probe_problems)
+    table = probe_pass_rates(cfg, probe_rows, model, tokenizer)
+    kept = curriculum.pass_rate_filter(ids, table)
+    summary = curriculum.filter_summary(ids, table, kept)
+    by_id = ordered.set_index("problem_id", drop=False)
+    return by_id.loc[kept].reset_index(drop=True), summary
+
+
+def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
+    from apprentice.policies.hf import HFPolicy
+    from apprentice.rollout import run_episodes
+    from apprentice.training.curriculum import pass_rates
+
+    was_training = model.training
+    model.eval()
+    policy = HFPolicy(model, tokenizer, temperature=1.0, max_new_tokens=cfg.evaluate.max_new_tokens,
+                      batch_size=cfg.evaluate.batch_size, dtype=cfg.model.dtype, seed=cfg.rl.seed,
+                      policy_id="rl-probe")
+    trajs = run_episodes(problems, policy, samples_per_problem=cfg.rl.probe_samples,
+                         max_turns=cfg.rollout.max_turns, batch_size=cfg.evaluate.batch_size, seed=cfg.rl.seed)
+    model.train(was_training)
+    return pass_rates([t.problem_id for t in trajs], [t.success for t in trajs])
+
+
+def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None,
+        **_: Any) -> dict[str, Any]:
+    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.training import common
+    from apprentice.training.rl import train_grpo
+    from apprentice.trajectories import read_parquet
+
+    common.setup_runtime(cfg)
+    start = str(paths.sft_model)
+    common.require_model(start)
+    stamp = common.fingerprint({"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(),
+                                "probe": [cfg.evaluate.max_new_tokens, cfg.rollout.max_turns]},
+                               [paths.problems, paths.sft_model])
+    if common.is_done(paths.rl_model, stamp):
+        return {"model": str(paths.rl_model), "skipped": True, "reason": "outputs up to date"}
+    if cfg.rl.max_steps == 0:
+        with atomic_path(paths.rl_model) as tmp:
+            shutil.copytree(paths.sft_model, tmp)
+            (tmp / common.STAMP_FILE).write_text(json.dumps(stamp))
+            (tmp / common.METRICS_FILE).write_text("")
+        return {"model": str(paths.rl_model), "steps": 0, "note": "rl.max_steps=0: SFT model copied"}
+
+    tok = load_tokenizer(start, cfg.model.chat_template)
+    model = load_model(start, dtype="fp32")
+    all_problems = read_parquet(paths.problems)
+    # The probe samples at temperature 1: a resumed run must keep the curriculum it started with.
+    saved = common.work_dir_for(paths.rl_model) / CURRICULUM_FILE
+    if saved.exists() and common.last_checkpoint(saved.parent):
+        summary = json.loads(saved.read_text())
+        problems = all_problems.set_index("problem_id", drop=False).loc[summary["order"]].reset_index(drop=True)
+    else:
+        problems, summary = select_problems(cfg, all_problems, model, tok)
+        summary = {**summary, "order": problems["problem_id"].tolist()}
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(summary, indent=2))
+    result = train_grpo(model, tok, problems, paths.rl_model, cfg.rl, dtype=cfg.model.dtype, stamp=stamp,
+                        callbacks=callbacks or [], reward_funcs=reward_funcs or [],
+                        extra_files={CURRICULUM_FILE: saved.read_text()})
+    return {"start_model": start, "curriculum": {k: v for k, v in summary.items() if k != "order"}, **result}

@@ -1,0 +1,267 @@
+"""What every training stage shares: TRL arguments for CPU/GPU, per-step metrics, resume, finalize.
+
+Why these helpers exist (TRL does the training; these only fill the gaps between TRL and a pipeline):
+  * TRL's defaults are tuned for GPUs. On CPU ``bf16=True`` (its default) raises unless
+    ``use_cpu=True``, and ``gradient_checkpointing=True`` (its default) only costs time
+    (shared/design/TRL-CPU-NOTES.md, pitfalls 4-5). :func:`trl_args` builds any TRL config class
+    from our typed params with the right device settings, so the three stages cannot drift apart.
+  * TRL reports metrics to trackers (wandb, MLflow...) but the pipeline wants a plain JSONL file beside
+    each stage's outputs (plots, DVC, and ``apprentice.lineage`` read it): :class:`MetricsCallback`.
+  * Resume = "find the last ``checkpoint-*`` in the stage's work dir and pass it to ``train``"
+    (:func:`last_checkpoint`); the work dir survives a crash and is deleted after success.
+  * Finalize = fix ``use_cache`` (SFTTrainer leaves ``use_cache: false`` in config.json, which made a
+    student built from it generate 10-20x slower: pitfall 6), merge LoRA, write model + tokenizer
+    into the final folder atomically (rename when complete), copy the metrics in.
+  * A stamp (``apprentice_stage.json``) in the final folder records a fingerprint of the stage's
+    params and inputs, so rerunning a finished stage with the same inputs is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from apprentice.modeling import fix_generation_config, resolve_dtype
+from apprentice.paths import atomic_path
+
+METRICS_FILE = "metrics.jsonl"
+STAMP_FILE = "apprentice_stage.json"
+DEEPSPEED_DIR = Path(__file__).resolve().parent.parent / "deepspeed"
+
+# TRL log keys -> the pipeline's names (the raw keys are kept as well).
+_KEY_ALIASES = {"reward": "reward", "kl": "kl", "loss": "loss", "learning_rate": "learning_rate"}
+
+
+# ---- device ---------------------------------------------------------------------------------------
+def on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def use_bf16(dtype: str = "auto") -> bool:
+    """Whether to train with bf16 (autocast on CPU, mixed precision on GPU): modeling's dtype policy."""
+    return resolve_dtype(dtype) == torch.bfloat16
+
+
+def setup_runtime(cfg: Any) -> None:
+    """Process-wide settings every training stage applies first: torch threads, seeds."""
+    from transformers import set_seed
+
+    if cfg.model.threads > 0:
+        torch.set_num_threads(cfg.model.threads)
+    set_seed(cfg.pipeline.seed)
+
+
+def require_model(ref: str) -> None:
+    """Fail early, with the fix, when a local model folder a stage needs is missing."""
+    p = Path(ref)
+    looks_local = p.is_absolute() or p.parts[:1] in (("models",), (".",), ("..",)) or len(p.parts) != 2
+    if looks_local and not (p / "config.json").exists():
+        raise FileNotFoundError(
+            f"model folder {ref} does not exist (no config.json); run the stage that produces it first "
+            "(`python -m apprentice prepare-base` for model.base) or point the params at an HF folder/id"
+        )
+
+
+def trl_args(config_cls: type, output_dir: Path, *, dtype: str, max_steps: int, batch_size: int,
+             learning_rate: float, save_steps: int, seed: int, grad_accum: int = 1,
+             deepspeed: str | None = None, **extra: Any) -> Any:
+    """A TRL ``*Config`` (SFTConfig, GRPOConfig, DistillationConfig) with the pipeline's device settings.
+
+    ``extra`` goes straight to the config class, so stage-specific TRL fields stay in the stage.
+    """
+    bf16 = use_bf16(dtype)
+    kw: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=grad_accum,
+        learning_rate=learning_rate,
+        bf16=bf16,
+        fp16=False,
+        use_cpu=not on_gpu(),
+        activation_checkpointing=on_gpu(),  # costs time and buys nothing at our sizes on CPU (pitfall 5)
+        report_to="none",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit=1,  # a checkpoint of the 135M model with AdamW state is ~1.6 GB
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+    )
+    if deepspeed:
+        kw["deepspeed"] = deepspeed
+    kw.update(extra)
+    return config_cls(**kw)
+
+
+def deepspeed_config(stage: str) -> str | None:
+    """Path of the DeepSpeed JSON for ``stage`` ('none' | 'zero2' | 'zero3'), preparing a 1-process launch.
+
+    DeepSpeed (through accelerate) reads the torch.distributed rendezvous from the environment; a
+    plain ``python -m apprentice sft`` has none, so set the single-process values unless a launcher
+    (``deepspeed``/``torchrun``/``accelerate launch``) already did.
+    """
+    if stage == "none":
+        return None
+    path = DEEPSPEED_DIR / f"{stage}.json"
+    if not path.exists():
+        raise ValueError(f"unknown DeepSpeed setting '{stage}'; use none, zero2 or zero3 (files in {DEEPSPEED_DIR})")
+    if stage == "zero3" and not on_gpu():
+        raise ValueError("DeepSpeed ZeRO-3 needs a GPU; on CPU set sft.deepspeed=zero2 or none")
+    if "RANK" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
+                          RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    return str(path)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def release_distributed() -> None:
+    """Tear down a process group DeepSpeed created, so a later trainer in the same process starts clean."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    try:
+        from accelerate.state import AcceleratorState, PartialState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        PartialState._reset_state()
+    except Exception:  # accelerate internals moved: harmless, only matters for in-process reuse
+        pass
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+class MetricsCallback(TrainerCallback):
+    """Append one JSON line per logging step: step, time, loss, reward, kl, learning_rate + TRL's keys.
+
+    The file is appended to, so a resumed run continues the same log (its steps continue from the
+    checkpoint's step, which the resume test checks).
+    """
+
+    def __init__(self, path: Path, stage: str) -> None:
+        self.path = Path(path)
+        self.stage = stage
+        self.t0 = time.time()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001 (TRL signature)
+        if not logs or not state.is_world_process_zero:
+            return
+        row: dict[str, Any] = {"stage": self.stage, "step": int(state.global_step),
+                               "time": round(time.time() - self.t0, 3)}
+        for k, v in logs.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[k] = float(v)
+        for k, alias in _KEY_ALIASES.items():
+            if k in row:
+                row[alias] = row[k]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---- resume / finalize ----------------------------------------------------------------------------
+def last_checkpoint(work_dir: Path) -> str | None:
+    """The newest complete ``checkpoint-N`` in ``work_dir`` (what ``trainer.train(resume_from_checkpoint=)`` takes)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    work_dir = Path(work_dir)
+    if not work_dir.is_dir():
+        return None
+    return get_last_checkpoint(str(work_dir))
+
+
+def checkpoint_step(ckpt: str | None) -> int:
+    return int(Path(ckpt).name.split("-")[-1]) if ckpt else 0
+
+
+def unwrap_for_save(trainer: Any) -> Any:
+    """The trained model as a plain ``PreTrainedModel`` (LoRA merged into the base weights)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "merge_and_unload"):  # peft: users load a plain HF folder, not an adapter
+        model = model.merge_and_unload()
+    return model
+
+
+def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, stamp: dict[str, Any],
+             metrics: Path | None = None, extra_files: dict[str, str] | None = None,
+             keep_work: bool = False) -> Path:
+    """Save model + tokenizer + metrics + stamp (+ ``extra_files`` name -> text) into ``final_dir``
+    atomically; then drop the work dir."""
+    final_dir = Path(final_dir)
+    model = unwrap_for_save(trainer)
+    fix_generation_config(model, tokenizer)
+    with atomic_path(final_dir) as tmp:
+        if getattr(trainer, "is_deepspeed_enabled", False) and model is trainer.accelerator.unwrap_model(trainer.model):
+            trainer.save_model(str(tmp))  # gathers ZeRO-3 shards; ZeRO-2 holds full params anyway
+        else:
+            model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if metrics is not None and Path(metrics).exists():
+            shutil.copy(metrics, tmp / METRICS_FILE)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True))
+    if not keep_work:
+        shutil.rmtree(work_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            work_dir.parent.rmdir()  # the shared .work folder, once empty
+    return final_dir
+
+
+def fingerprint(params: Any, inputs: Iterable[Path]) -> dict[str, Any]:
+    """What a stage's output depends on: its params and (size, mtime) of each input file/model folder."""
+    def describe(p: Path) -> list[Any]:
+        p = Path(p)
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.name not in (METRICS_FILE,))
+            return [[str(f.relative_to(p)), f.stat().st_size, int(f.stat().st_mtime)] for f in files]
+        if p.exists():
+            return [p.stat().st_size, int(p.stat().st_mtime)]
+        return ["missing"]
+
+    blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}},
+                      sort_keys=True, default=str)
+    return {"fingerprint": hashlib.sha256(blob.encode()).hexdigest()[:16]}
+
+
+def is_done(final_dir: Path, stamp: dict[str, Any]) -> bool:
+    """True when ``final_dir`` holds a finished output with the same fingerprint (skip the stage)."""
+    f = Path(final_dir) / STAMP_FILE
+    if not f.exists():
+        return False
+    try:
+        return json.loads(f.read_text()).get("fingerprint") == stamp.get("fingerprint")
+    except json.JSONDecodeError:
+        return False
+
+
+def work_dir_for(final_dir: Path) -> Path:
+    """Checkpoints live beside (not inside) the final folder: ``models/iter_k/.work/<name>``."""
+    final_dir = Path(final_dir)
+    return final_dir.parent / ".work" / final_dir.name

@@ -1,0 +1,97 @@
+"""Curriculum for RL: order problems easy -> hard, drop problems that carry no GRPO signal.
+
+Pure functions over tables so they are unit-testable without a model:
+  * :func:`order_by_difficulty`: sort by (level, sum of the difficulty vector, problem_id). The
+    problem_id tie-break makes the order identical across runs and machines.
+  * :func:`pass_rate_filter`: GRPO's advantage is reward minus the group mean, so a problem the
+    policy always solves (pass rate 1) or never solves (pass rate 0) gives every sample the same
+    reward and a zero gradient (METHODS.md §4 "pass-rate calibration", §2 DTAC). Dropping them spends
+    the few RL steps we can afford where they can move the policy.
+  * :func:`pass_rates`: the table the filter reads, from probe trajectories.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+
+def difficulty_key(row: Mapping[str, Any]) -> tuple[int, int, str]:
+    diff = row["difficulty"]
+    if isinstance(diff, str):
+        diff = json.loads(diff)
+    return int(row.get("level", 0)), int(sum(int(v) for v in dict(diff).values())), str(row["problem_id"])
+
+
+def order_by_difficulty(problems: pd.DataFrame) -> pd.DataFrame:
+    """Problems sorted easy -> hard (level, then difficulty-vector sum, then id); index reset."""
+    if problems.empty:
+        return problems.reset_index(drop=True)
+    keys = [difficulty_key(r) for r in problems.to_dict("records")]
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return problems.iloc[order].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class PassRate:
+    successes: int
+    samples: int
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.samples if self.samples else float("nan")
+
+
+def pass_rates(problem_ids: Iterable[str], successes: Iterable[bool]) -> dict[str, PassRate]:
+    """Aggregate per-episode outcomes (one entry per probe episode) into a per-problem table."""
+    counts: dict[str, list[int]] = {}
+    for pid, ok in zip(problem_ids, successes, strict=True):
+        c = counts.setdefault(str(pid), [0, 0])
+        c[0] += int(bool(ok))
+        c[1] += 1
+    return {pid: PassRate(s, n) for pid, (s, n) in counts.items()}
+
+
+def informative(rate: PassRate) -> bool:
+    """A problem carries GRPO signal iff the probe saw both a success and a failure."""
+    return 0 < rate.successes < rate.samples
+
+
+def pass_rate_filter(ordered_ids: list[str], table: Mapping[str, PassRate]) -> list[str]:
+    """Keep the problems of ``ordered_ids`` (curriculum order preserved) that are worth training on.
+
+    * probed with 0 < pass rate < 1: kept;
+    * probed with pass rate 0 or 1: dropped (no within-group reward variance);
+    * not probed (beyond the probe budget): kept, since nothing is known against them.
+
+    If every problem was probed and none is informative, the filter would leave nothing to train
+    on; it then falls back to the unfiltered order with a warning (training on a constant-reward
+    group is a no-op, not an error).
+    """
+    kept = [pid for pid in ordered_ids if pid not in table or informative(table[pid])]
+    if not kept and ordered_ids:
+        warnings.warn(
+            "pass-rate filter: every probed problem was always or never solved by the current policy; "
+            "training on the unfiltered curriculum (expect ~zero GRPO gradient). Probe more problems "
+            "(rl.probe_problems) or add harder/easier levels (synth.levels).",
+            stacklevel=2,
+        )
+        return list(ordered_ids)
+    return kept
+
+
+def filter_summary(ordered_ids: list[str], table: Mapping[str, PassRate], kept: list[str]) -> dict[str, Any]:
+    probed = [pid for pid in ordered_ids if pid in table]
+    return {
+        "candidates": len(ordered_ids),
+        "probed": len(probed),
+        "always_solved": sum(1 for p in probed if table[p].samples and table[p].successes == table[p].samples),
+        "never_solved": sum(1 for p in probed if table[p].successes == 0),
+        "kept": len(kept),
+        "mean_probe_pass_rate": (sum(table[p].rate for p in probed) / len(probed)) if probed else None,
+    }

@@ -1,0 +1,238 @@
+"""On-policy distillation of the teacher into a student: TRL ``DistillationTrainer`` plus plug-in hooks.
+
+TRL's trainer is fully on-policy: the student samples a completion for each prompt, teacher and
+student score it, and the loss is the generalised JSD between the two next-token distributions over
+the full vocabulary (``beta``: 0 = forward KL, 1 = reverse KL, 0.5 = JSD), computed in chunks.
+``distill.divergence`` picks the divergence; ``distill.beta`` is used for ``jsd``.
+
+Prompts (``distill.prompt_source``):
+  * ``problems``: [system, task] of training problems (the first turn of an episode);
+  * ``trajectories``: every teacher-trajectory prefix that ends just before an assistant turn, so the
+    student is also supervised in mid-episode states (tool responses in its context);
+  * ``both`` (default).
+Each prompt renders its own family's tool schemas: TRL's trainer takes one fixed ``tools`` list for
+all rows, so :class:`ApprenticeDistillationTrainer` renders per row from the ``tools`` column. The
+tool loop stays off (``max_tool_calling_iterations`` unused, no callables): distillation targets the
+next assistant turn, which needs no environment.
+
+Plug-ins (issue C: Guided-OPD, DASH-OPD, TCOD, other losses, OPD->RL annealing): ``distill.variant``
+names either a built-in trainer class in :data:`VARIANTS` (``vanilla``) or a recipe in
+``apprentice.training.opd.VARIANTS``, built by ``opd.trainer.make_trainer`` (:func:`make_trainer`
+dispatches). A variant can also subclass :class:`ApprenticeDistillationTrainer`; its hooks:
+  * ``rollout(prompts, rows)``: who generates what (mixed teacher/student executors, multi-turn
+    episodes through ``rows[i]["spec"]`` and ``apprentice.envs``); must return what TRL's
+    ``_generate`` returns: ``(prompt_ids, completion_ids, tool_mask, images, tool_images)`` with
+    ``tool_mask[i][t] = 0`` on tokens the student must not be trained on (environment/teacher turns);
+  * ``_compute_loss(unwrapped_student, inputs, num_items_in_batch)``: the divergence and its
+    weighting (TRL's chunked JSD by default);
+  * callbacks (``self.add_callback``) for schedules (annealing, decaying teacher probability);
+  * ``self.apprentice_cfg``: the whole typed config (variants read their own params from it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trl import DistillationTrainer
+
+from apprentice.config import DistillConfig
+from apprentice.modeling import autocast
+from apprentice.training import common
+
+DIVERGENCE_BETA = {"forward_kl": 0.0, "reverse_kl": 1.0}
+
+
+def divergence_beta(distill: DistillConfig) -> float:
+    """TRL's generalised-JSD ``beta`` for ``distill.divergence``."""
+    return DIVERGENCE_BETA.get(distill.divergence, distill.beta)
+
+
+class ApprenticeDistillationTrainer(DistillationTrainer):
+    """``DistillationTrainer`` with per-row tool schemas, bf16 generation and the variant hooks above."""
+
+    def __init__(self, *args: Any, apprentice_cfg: Any = None, rollout_dtype: str = "fp32", **kwargs: Any) -> None:
+        self.apprentice_cfg = apprentice_cfg
+        self._rollout_dtype = rollout_dtype
+        self.batch_rows: list[dict[str, Any]] = []
+        super().__init__(*args, **kwargs)
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def rollout(self, prompts: list[Any], rows: list[dict[str, Any]]) -> tuple:
+        """Generate completions for ``prompts`` (vanilla OPD: the student samples one turn)."""
+        return super()._generate(prompts)
+
+    # -- TRL overrides ----------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self.batch_rows = list(inputs)
+        return super()._generate_and_score_completions(inputs)
+
+    def _generate(self, prompts: list[Any]) -> tuple:
+        rows = self.batch_rows if len(self.batch_rows) == len(prompts) else [{} for _ in prompts]
+        return self.rollout(prompts, rows)
+
+    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+        with autocast(self._rollout_dtype):
+            return super()._generate_single_turn(*args, **kwargs)
+
+    def _tokenize_prompts(self, prompts: list[Any]) -> tuple:
+        rows = self.batch_rows
+        per_row_tools = (len(rows) == len(prompts) and not self.tools and rows and "tools" in rows[0]
+                         and isinstance(prompts[0], list))
+        if not per_row_tools:
+            return super()._tokenize_prompts(prompts)
+        prompt_ids = [
+            self.processing_class.apply_chat_template(
+                conversation=p, tools=row.get("tools") or None, chat_template=self.chat_template,
+                add_generation_prompt=True, tokenize=True, return_dict=True, **self.chat_template_kwargs,
+            )["input_ids"]
+            for p, row in zip(prompts, rows, strict=True)
+        ]
+        return prompt_ids, None, {}
+
+
+#: Built-in variants (name -> trainer class). ``vanilla`` = TRL's single-turn on-policy distillation.
+VARIANTS: dict[str, type[ApprenticeDistillationTrainer]] = {"vanilla": ApprenticeDistillationTrainer}
+
+
+def _opd_module() -> Any:
+    """``apprentice.training.opd`` (issue C) when present: it exports ``VARIANTS`` (name -> recipe
+    builder), ``recipe_for(cfg)`` and ``trainer.make_trainer(recipe, ...)`` for multi-turn OPD."""
+    try:
+        return importlib.import_module("apprentice.training.opd")
+    except ModuleNotFoundError as e:
+        if e.name != "apprentice.training.opd":
+            raise
+        return None
+
+
+def variant_names() -> list[str]:
+    opd = _opd_module()
+    return sorted(set(VARIANTS) | set(getattr(opd, "VARIANTS", {}) if opd else ()))
+
+
+def make_trainer(distill: DistillConfig, *, student: Any, teacher: Any, tokenizer: Any, dataset: Any,
+                 output_dir: Path, dtype: str, callbacks: Sequence[Any], apprentice_cfg: Any = None) -> Any:
+    """The trainer for ``distill.variant``: a built-in one, else the OPD family's (issue C).
+
+    Built-in names win, so ``vanilla`` stays TRL's plain trainer; every other name in
+    ``apprentice.training.opd.VARIANTS`` is built by ``opd.trainer.make_trainer`` on the problems of
+    ``dataset`` (its ``spec`` column), with the same device settings and callbacks.
+    """
+    from trl import DistillationConfig
+
+    if distill.variant in VARIANTS:
+        args = common.trl_args(
+            DistillationConfig, output_dir, dtype=dtype, max_steps=distill.max_steps, batch_size=distill.batch_size,
+            learning_rate=distill.learning_rate, save_steps=distill.save_steps, seed=distill.seed,
+            max_completion_length=distill.max_completion_length, beta=divergence_beta(distill),
+            remove_unused_columns=False,
+        )
+        return VARIANTS[distill.variant](
+            model=student, teacher_model=teacher, args=args, train_dataset=dataset, processing_class=tokenizer,
+            callbacks=list(callbacks), apprentice_cfg=apprentice_cfg, rollout_dtype="bf16" if args.bf16 else "fp32",
+        )
+    opd = _opd_module()
+    if opd is None or distill.variant not in getattr(opd, "VARIANTS", {}):
+        raise ValueError(f"unknown distill.variant '{distill.variant}'; choose from {variant_names()}")
+    if apprentice_cfg is None:
+        raise ValueError(f"distill.variant '{distill.variant}' needs the whole config (apprentice_cfg=...)")
+    from apprentice.envs.base import ProblemSpec
+    from apprentice.training.opd.trainer import make_trainer as make_opd_trainer
+
+    specs = [ProblemSpec.from_json(s) for s in dict.fromkeys(dataset["spec"])]
+    return make_opd_trainer(
+        opd.recipe_for(apprentice_cfg), student=student, teacher=teacher, tokenizer=tokenizer, specs=specs,
+        output_dir=str(output_dir), max_steps=distill.max_steps, batch_size=distill.batch_size,
+        learning_rate=distill.learning_rate, beta=divergence_beta(distill), seed=distill.seed, dtype=dtype,
+        save_steps=distill.save_steps, turn_tokens=distill.max_completion_length,
+        max_turns=distill.opd.max_turns, callbacks=callbacks,
+    )
+
+
+# ---- prompts --------------------------------------------------------------------------------------
+def problem_prompts(problems: Any) -> list[dict[str, Any]]:
+    """[system, task] prompt of each problem, with its family's tool schemas."""
+    from apprentice.envs import FAMILIES
+    from apprentice.envs.base import ProblemSpec
+
+    rows = []
+    for r in problems.to_dict("records"):
+        cls = FAMILIES[r["family"]]
+        env = cls()
+        task = env.reset(spec=ProblemSpec.from_json(r["spec"]))
+        rows.append({"prompt": [{"role": "system", "content": cls.system_prompt}, {"role": "user", "content": task}],
+                     "tools": cls.tool_schemas(), "spec": r["spec"], "environment": r["family"]})
+    return rows
+
+
+def trajectory_prompts(trajectories: Any) -> list[dict[str, Any]]:
+    """Every prefix of each trajectory that ends right before an assistant turn (after the task)."""
+    import json
+
+    from apprentice.training.sft import episode_start
+
+    rows = []
+    for r in trajectories.to_dict("records"):
+        messages, tools = json.loads(r["messages"]), json.loads(r["tools"])
+        for j in range(episode_start(messages), len(messages)):
+            if messages[j].get("role") == "assistant":
+                rows.append({"prompt": messages[:j], "tools": tools, "spec": r["spec"], "environment": r["family"]})
+    return rows
+
+
+def build_dataset(rows: Sequence[dict[str, Any]]) -> Any:
+    from datasets import Dataset, Features, Json, List, Value
+
+    if not rows:
+        raise ValueError("no distillation prompts: problems and teacher trajectories are both empty")
+    feats = Features({"prompt": List(Json()), "tools": List(Json()), "spec": Value("string"),
+                      "environment": Value("string")})
+    return Dataset.from_list([{k: r[k] for k in feats} for r in rows], features=feats)
+
+
+# ---- training -------------------------------------------------------------------------------------
+def train_distill(student: Any, teacher: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], final_dir: Path,
+                  distill: DistillConfig, *, dtype: str = "auto", stamp: dict[str, Any] | None = None,
+                  callbacks: Sequence[Any] = (), apprentice_cfg: Any = None,
+                  extra_files: dict[str, str] | None = None, stage: str = "distill") -> dict[str, Any]:
+    """On-policy distillation of ``teacher`` into ``student`` (paths or models); write ``final_dir``."""
+    from transformers import set_seed
+
+    from apprentice.modeling import load_model
+
+    t0 = time.time()
+    final_dir = Path(final_dir)
+    work = common.work_dir_for(final_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    metrics = work / common.METRICS_FILE
+    set_seed(distill.seed)
+    if isinstance(student, str | Path):
+        student = load_model(student, dtype="fp32")
+    if isinstance(teacher, str | Path):
+        teacher = load_model(teacher, dtype="fp32")
+    student.train()
+    teacher.eval()
+    dataset = build_dataset(rows)
+    trainer = make_trainer(distill, student=student, teacher=teacher, tokenizer=tokenizer, dataset=dataset,
+                           output_dir=work, dtype=dtype, apprentice_cfg=apprentice_cfg,
+                           callbacks=[common.MetricsCallback(metrics, stage), *callbacks])
+    ckpt = common.last_checkpoint(work)
+    out = trainer.train(resume_from_checkpoint=ckpt)
+    common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics,
+                    extra_files=extra_files)
+    return {
+        "model": str(final_dir),
+        "variant": distill.variant,
+        "divergence": distill.divergence,
+        "beta": divergence_beta(distill),
+        "steps": int(trainer.state.global_step),
+        "resumed_from_step": common.checkpoint_step(ckpt),
+        "train_loss": float(out.training_loss),
+        "prompts": len(dataset),
+        "wall_s": round(time.time() - t0, 1),
+        "metrics": str(final_dir / common.METRICS_FILE),
+    }

@@ -1,0 +1,149 @@
+"""Curriculum GRPO on the environment families: TRL ``GRPOTrainer`` with ``environment_factory``.
+
+TRL runs the multi-turn episode itself: one environment instance per rollout, ``reset(**row)`` with
+the dataset row (our ``spec`` column rebuilds the problem), every public method exposed as a tool,
+``get_reward()`` as the reward (logged as ``rewards/<EnvClass>/mean``). Several families go in as
+a dict ``{family: class}`` and each row's ``environment`` column routes it, so one run mixes
+families and each prompt shows only its family's tools. No ``rollout_func`` is needed: the
+environment loop covers every case the pipeline has (tool-calling episodes with an env reward).
+
+What this module adds on top:
+  * **Curriculum order**: rows are ordered easy -> hard (``training.curriculum``) and TRL's sampler
+    keeps that order (``shuffle_dataset=False``: its ``RepeatSampler`` then walks the dataset
+    sequentially, each prompt repeated ``num_generations`` times in a row).
+  * **Pass-rate filter**: problems the current policy always or never solves are dropped before
+    training (``training.curriculum.pass_rate_filter``), measured by sampled probe rollouts through
+    the same engine that evaluates (``apprentice.rollout.run_episodes``).
+  * **bf16 rollouts**: TRL generates outside autocast, i.e. in fp32, even with ``bf16=True``;
+    :class:`CurriculumGRPOTrainer` wraps generation in autocast (~1.4x on AMX CPUs; pitfall 10).
+    Trained weights stay fp32.
+
+Prompt shape (pitfall 9): TRL appends ``reset()``'s return to the last user message *without a
+separator*. The dataset's user message is therefore empty and ``reset()`` supplies the whole task
+text, which reproduces exactly the ``[system, user(task)]`` start the rollout engine (and hence the
+SFT data) uses. ``max_completion_length`` budgets the *whole* episode, tool responses included
+(~50 tokens per tool step with the compact template).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from trl import GRPOTrainer
+
+from apprentice.config import RLConfig
+from apprentice.modeling import autocast
+from apprentice.training import common
+
+
+class CurriculumGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with bf16-autocast generation (TRL's own loss, sampler and tool loop)."""
+
+    def __init__(self, *args: Any, rollout_dtype: str = "fp32", **kwargs: Any) -> None:
+        self._rollout_dtype = rollout_dtype
+        super().__init__(*args, **kwargs)
+
+    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+        with autocast(self._rollout_dtype):
+            return super()._generate_single_turn(*args, **kwargs)
+
+
+def environment_classes(families: Sequence[str]) -> dict[str, type]:
+    from apprentice.envs import FAMILIES
+
+    missing = sorted(set(families) - set(FAMILIES))
+    if missing:
+        raise ValueError(f"problems use environment families {missing} that are not registered; known: "
+                         f"{sorted(FAMILIES)} (apprentice/envs/__init__.py)")
+    return {f: FAMILIES[f] for f in sorted(set(families))}
+
+
+def build_dataset(problems: pd.DataFrame) -> Any:
+    """One row per problem, in the given order: prompt = [system, user('')], spec, environment."""
+    from datasets import Dataset
+
+    classes = environment_classes(problems["family"].tolist())
+    rows = [
+        {
+            "prompt": [{"role": "system", "content": classes[r["family"]].system_prompt},
+                       {"role": "user", "content": ""}],
+            "spec": r["spec"],
+            "environment": r["family"],
+            "problem_id": r["problem_id"],
+        }
+        for r in problems.to_dict("records")
+    ]
+    if not rows:
+        raise ValueError("no RL problems left after the curriculum filter; check data/iter_k/problems.parquet")
+    return Dataset.from_list(rows)
+
+
+def reward_trend(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """First/last/mean reward and the least-squares slope per step (the 'positive trend' check)."""
+    pts = [(r["step"], r["reward"]) for r in rows if "reward" in r]
+    if not pts:
+        return {}
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / var if var else 0.0
+    return {"reward_first": ys[0], "reward_last": ys[-1], "reward_mean": my, "reward_slope": slope}
+
+
+def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Path, rl: RLConfig, *,
+               dtype: str = "auto", stamp: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
+               reward_funcs: Sequence[Any] = (), extra_files: dict[str, str] | None = None,
+               stage: str = "rl") -> dict[str, Any]:
+    """GRPO over ``problems`` (already in curriculum order) from ``model``; write ``final_dir``.
+
+    ``reward_funcs`` are added to the environments' own rewards (TRL sums them); the stage passes
+    none, the environment reward alone drives RL.
+    """
+    from transformers import set_seed
+    from trl import GRPOConfig
+
+    from apprentice.modeling import load_model
+
+    t0 = time.time()
+    final_dir = Path(final_dir)
+    work = common.work_dir_for(final_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    metrics = work / common.METRICS_FILE
+    set_seed(rl.seed)
+    dataset = build_dataset(problems)
+    classes = environment_classes(problems["family"].tolist())
+    if isinstance(model, str | Path):
+        model = load_model(model, dtype="fp32")
+    model.train()
+    args = common.trl_args(
+        GRPOConfig, work, dtype=dtype, max_steps=rl.max_steps, batch_size=rl.prompts_per_step * rl.num_generations,
+        learning_rate=rl.learning_rate, save_steps=rl.save_steps, seed=rl.seed,
+        num_generations=rl.num_generations, max_completion_length=rl.max_completion_length,
+        max_tool_calling_iterations=rl.max_tool_calls, beta=rl.beta, shuffle_dataset=False,
+        remove_unused_columns=False,
+    )
+    trainer = CurriculumGRPOTrainer(
+        model=model, reward_funcs=list(reward_funcs) or None, args=args, train_dataset=dataset,
+        processing_class=tokenizer, environment_factory=dict(classes),
+        callbacks=[common.MetricsCallback(metrics, stage), *callbacks],
+        rollout_dtype="bf16" if args.bf16 else "fp32",
+    )
+    ckpt = common.last_checkpoint(work)
+    out = trainer.train(resume_from_checkpoint=ckpt)
+    rows = common.read_metrics(metrics)
+    common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics,
+                    extra_files=extra_files)
+    return {
+        "model": str(final_dir),
+        "steps": int(trainer.state.global_step),
+        "resumed_from_step": common.checkpoint_step(ckpt),
+        "train_loss": float(out.training_loss),
+        "problems": len(dataset),
+        **reward_trend([r for r in rows if "train_loss" not in r]),
+        "wall_s": round(time.time() - t0, 1),
+        "metrics": str(final_dir / common.METRICS_FILE),
+    }

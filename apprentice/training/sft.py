@@ -1,0 +1,136 @@
+"""Supervised fine-tuning on teacher trajectories: TRL ``SFTTrainer`` plus what the pipeline adds.
+
+TRL does the work: conversational tool-calling records (``{"messages", "tools"}``), the chat template
+with ``{% generation %}`` markers for the assistant-only loss, LoRA through ``peft_config``, DeepSpeed
+through the ``deepspeed`` argument, checkpoints. This module adds:
+
+* **Supervision horizon** (``sft.horizon_tokens`` = H, METHODS.md §5, seed 004): keep the first H
+  tokens of each trajectory's *episode* (everything after the system prompt and the task). The cut
+  is at a **turn boundary**: we keep the longest prefix of whole turns, ending on an assistant turn,
+  whose rendered episode tokens fit in H (at least the first assistant turn is kept). A token-level
+  cut would leave half a ``<tool_call>`` JSON in the targets and teach the model malformed calls;
+  with ~30-token turns the boundary cut differs from the token cut by at most one turn.
+* **Arbitrary JSON in records**: tool-call arguments differ per tool, and Arrow unifies them into one
+  struct (``{"direction": "up", "query": null}``), which the template then renders. The dataset is
+  built with ``datasets.Json`` columns so each record keeps its own shape.
+* Per-step metrics, resume, atomic final folder (``apprentice.training.common``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from apprentice.config import SFTConfig
+from apprentice.training import common
+
+
+def _render_len(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def episode_start(messages: Sequence[dict[str, Any]]) -> int:
+    """Index of the first message after the system prompt and the task (the first user message)."""
+    for i, m in enumerate(messages):
+        if m.get("role") == "user":
+            return i + 1
+    return len(messages)
+
+
+def apply_horizon(record: dict[str, Any], tokenizer: Any, horizon_tokens: int) -> dict[str, Any]:
+    """Cut ``record`` to its first ``horizon_tokens`` episode tokens at a turn boundary (see module doc)."""
+    messages, tools = list(record["messages"]), record.get("tools")
+    if horizon_tokens <= 0:
+        return record
+    start = episode_start(messages)
+    header = _render_len(tokenizer, messages[:start], tools)
+    keep = None
+    for end in range(start + 1, len(messages) + 1):
+        if messages[end - 1].get("role") != "assistant":
+            continue
+        if keep is not None and _render_len(tokenizer, messages[:end], tools) - header > horizon_tokens:
+            break
+        keep = end
+    if keep is None:  # no assistant turn at all: nothing to supervise either way
+        return record
+    return {**record, "messages": messages[:keep]}
+
+
+def build_dataset(records: Sequence[dict[str, Any]], tokenizer: Any = None, horizon_tokens: int = 0) -> Any:
+    """TRL conversational dataset with ``Json`` columns (see module doc), horizon applied."""
+    from datasets import Dataset, Features, Json, List
+
+    if not records:
+        raise ValueError("no SFT records: the validated trajectory table is empty; check the validate stage's "
+                         "report (data/iter_k/sft.parquet)")
+    if horizon_tokens > 0:
+        records = [apply_horizon(r, tokenizer, horizon_tokens) for r in records]
+    rows = [{"messages": list(r["messages"]), "tools": list(r.get("tools") or [])} for r in records]
+    return Dataset.from_list(rows, features=Features({"messages": List(Json()), "tools": List(Json())}))
+
+
+def lora_config(r: int) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def sft_trl_config(sft: SFTConfig, output_dir: Path, dtype: str, **extra: Any) -> Any:
+    """The ``trl.SFTConfig`` our stage runs with (the benchmark builds raw TRL from the same values)."""
+    from trl import SFTConfig as TRLSFTConfig
+
+    return common.trl_args(
+        TRLSFTConfig, output_dir, dtype=dtype, max_steps=sft.max_steps, batch_size=sft.batch_size,
+        grad_accum=sft.grad_accum, learning_rate=sft.learning_rate, save_steps=sft.save_steps, seed=sft.seed,
+        deepspeed=common.deepspeed_config(sft.deepspeed), max_length=sft.max_length, assistant_only_loss=True,
+        **extra,
+    )
+
+
+def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], final_dir: Path, sft: SFTConfig, *,
+              dtype: str = "auto", stamp: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
+              stage: str = "sft") -> dict[str, Any]:
+    """Fine-tune ``model`` (path or loaded) on ``records``; write ``final_dir``; resume if checkpoints exist.
+
+    Returns a summary: steps, the step it resumed from, final loss, wall time, metrics path.
+    """
+    from transformers import set_seed
+    from trl import SFTTrainer
+
+    from apprentice.modeling import load_model
+
+    t0 = time.time()
+    final_dir = Path(final_dir)
+    work = common.work_dir_for(final_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    metrics = work / common.METRICS_FILE
+    set_seed(sft.seed)
+    dataset = build_dataset(records, tokenizer, sft.horizon_tokens)
+    if isinstance(model, str | Path):
+        model = load_model(model, dtype="fp32")  # fp32 master weights; bf16 runs as autocast
+    model.train()
+    args = sft_trl_config(sft, work, dtype)
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+        peft_config=lora_config(sft.lora_r) if sft.lora else None,
+        callbacks=[common.MetricsCallback(metrics, stage), *callbacks],
+    )
+    ckpt = common.last_checkpoint(work)
+    try:
+        out = trainer.train(resume_from_checkpoint=ckpt)
+        common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics)
+    finally:
+        if sft.deepspeed != "none":
+            common.release_distributed()
+    return {
+        "model": str(final_dir),
+        "steps": int(trainer.state.global_step),
+        "resumed_from_step": common.checkpoint_step(ckpt),
+        "train_loss": float(out.training_loss),
+        "examples": len(dataset),
+        "wall_s": round(time.time() - t0, 1),
+        "metrics": str(final_dir / common.METRICS_FILE),
+    }
