@@ -215,10 +215,12 @@ def _random_call(env: Environment, rng: random.Random, words: list[str]) -> Tool
     return ToolCall(name, args)
 
 
-def noisy_oracle_episode(spec: ProblemSpec, epsilon: float, rng: random.Random) -> dict[str, Any]:
+def noisy_oracle_episode(spec: ProblemSpec, epsilon: float, rng: random.Random,
+                         env_cls: type[Environment] | None = None) -> dict[str, Any]:
     """The oracle plan, open loop, slipping into a random tool call (random arguments) with probability
-    ``epsilon`` before each step. Slips cost budget and may corrupt the state; nothing is learned."""
-    env = FAMILIES[spec.family]()
+    ``epsilon`` before each step. Slips cost budget and may corrupt the state; nothing is learned.
+    ``env_cls`` overrides the family's class (e.g. a deliberately broken one in flaw experiments)."""
+    env = (env_cls or FAMILIES[spec.family])()
     task = env.reset(spec=spec)
     plan, budget = env._oracle(), env._turn_budget()
     words = _WORD.findall(task)

@@ -1,11 +1,13 @@
 """``python -m apprentice evolve``: build generations 0..G of evolved problems and measure each one.
 
-Outputs (one DVC output folder, ``data/iter_k/evolve/``):
-  * ``gen_{g}.parquet``   the problems of generation g (problems-parquet schema; ``level`` = g,
-                          ``split`` = ``gen_g``; lineage in each spec's ``extra``);
-  * ``reference.parquet`` one row per reference episode (generation, operator, success, turns);
-  * ``summary.json``      per generation: problems, reference pass rate with its 95 % Wilson interval,
-                          the per-operator pass rates, and whether the drop from g-1 is significant.
+Outputs: one DVC output folder ``data/iter_k/evolve/`` and one DVC metrics file beside it
+(``data/iter_k/evolve.json``; outside the folder because DVC forbids overlapping outputs):
+  * ``evolve/gen_{g}.parquet``   the problems of generation g (problems-parquet schema; ``level`` = g,
+                                 ``split`` = ``gen_g``; lineage in each spec's ``extra``);
+  * ``evolve/reference.parquet`` one row per reference episode (generation, operator, success, turns);
+  * ``evolve.json``              per generation: problems, reference pass rate with its 95 % Wilson
+                                 interval, per-operator and per-family pass rates, and the one-sided
+                                 Fisher p-value of the drop from g-1.
 
 Generation 0 is seeded fresh for iteration 1; for iteration k > 1 it is the last generation of
 iteration k-1 when that exists (environments evolved from k-1's results, ARCHITECTURE.md).
@@ -43,6 +45,10 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
 
 def out_dir(paths: Paths) -> Path:
     return paths.data / "evolve"
+
+
+def summary_file(paths: Paths) -> Path:
+    return paths.data / "evolve.json"
 
 
 def _gen0(cfg: Config, paths: Paths) -> list:
@@ -94,7 +100,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     ev = cfg.curriculum.evolve
     out = out_dir(paths)
     settings = ev.model_dump()
-    summary_path = out / "summary.json"
+    summary_path = summary_file(paths)
     if summary_path.exists():
         done = json.loads(summary_path.read_text())
         if done.get("settings") == settings:

@@ -87,3 +87,19 @@ def test_predictor_on_real_rollouts_finds_planted_infeasible_problems():
     assert (flagged_easy["flag"] == "infeasible?").all()
     assert rates["infeasible_detected"] >= 0.5
     assert rates["clean_false_flag_rate"] <= 0.2
+
+
+def test_token_entropy_is_bounded_by_the_vocabulary(tiny_model_dir):
+    import math
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from apprentice.difficulty import token_entropy
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ent = token_entropy(["Order 2 x the blue mug for Ana Ruiz.", "Cancel order #3.", "x"], model, tok, batch_size=2)
+    assert len(ent) == 3 and ent[2] == 0.0  # one token: nothing to predict
+    assert all(0 < e <= math.log(len(tok)) + 1e-4 for e in ent[:2])
+    # padding must not change a text's value
+    assert token_entropy(["Cancel order #3."], model, tok)[0] == pytest.approx(ent[1], rel=1e-4)

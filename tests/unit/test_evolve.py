@@ -90,5 +90,5 @@ def test_stage_writes_generations_and_resumes(tmp_path):
     assert [g["generation"] for g in res["generations"]] == [0, 1, 2]
     assert all(0 <= g["ci_low"] <= g["pass_rate"] <= g["ci_high"] <= 1 for g in res["generations"])
     mtime = (out / "gen_1.parquet").stat().st_mtime
-    assert stage.run(cfg, paths) == json.loads((out / "summary.json").read_text())
+    assert stage.run(cfg, paths) == json.loads((out.parent / "evolve.json").read_text())
     assert (out / "gen_1.parquet").stat().st_mtime == mtime
