@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["SAMPLERS", "aes", "dtac", "hdc", "pass_band", "pass_table", "sample"]
+__all__ = ["SAMPLERS", "aes", "dtac", "hdc", "order_problems", "pass_band", "pass_table", "sample"]
 
 
 def _tiebreak(pid: str, seed: int) -> str:
@@ -183,6 +183,18 @@ def sample(table: pd.DataFrame, n: int, cfg: Any) -> list[str]:
     kw = {k: getattr(cfg, k) for k in ("p_star", "band", "replay_share", "infeasible_share", "hard_threshold",
                                         "easy_threshold", "min_attempts", "seed")}
     return fn(table, n, **kw)
+
+
+def order_problems(problems: pd.DataFrame, table: pd.DataFrame, cfg: Any, n: int | None = None) -> pd.DataFrame:
+    """The rows of a problems frame that ``cfg.sampler`` picks from ``table``, in its order: the one
+    call RL (training prompts) and synthesis (which problems to keep) need."""
+    ids = sample(table, n if n is not None else len(table), cfg)
+    by_id = problems.set_index("problem_id", drop=False)
+    missing = [i for i in ids if i not in by_id.index]
+    if missing:
+        raise ValueError(f"{len(missing)} sampled problem ids are not in the problems frame (e.g. {missing[0]}); "
+                         "build the pass-rate table from rollouts of these problems")
+    return by_id.loc[ids].reset_index(drop=True)
 
 
 def pass_table(trajectories: pd.DataFrame, problems: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -99,3 +99,14 @@ def test_pass_table_from_trajectories():
     assert dict(zip(t["problem_id"], t["pass_rate"], strict=True))[specs[1].problem_id] == 1.0
     assert {"horizon", "state", "harness", "abilities"} <= set(t)
     assert all(any(a.startswith("tool:store.") for a in ab) for ab in t["abilities"])
+
+
+def test_order_problems_returns_problem_rows_in_sampler_order():
+    from apprentice.samplers import order_problems
+
+    t = _table([0.5, 0.45, 0.0, 1.0])
+    problems = pd.DataFrame({"problem_id": list(t["problem_id"])[::-1], "spec": ["{}"] * 4})
+    out = order_problems(problems, t, CurriculumConfig(sampler="pass_band", band=0.2))
+    assert list(out["problem_id"]) == ["p00", "p01"]
+    with pytest.raises(ValueError, match="not in the problems frame"):
+        order_problems(problems.iloc[:1], t, CurriculumConfig(sampler="pass_band", band=0.2))

@@ -105,3 +105,12 @@ def test_larger_scale_extends_the_world(scale):
     assert rows == big.con.execute(f"SELECT * FROM products WHERE id<={len(rows)}").fetchall()
     assert len(big.con.execute("SELECT * FROM customers").fetchall()) > len(
         small.con.execute("SELECT * FROM customers").fetchall())
+
+
+def test_rollout_engine_with_oracle_policy_solves_store():
+    from apprentice.policies.oracle import OraclePolicy
+    from apprentice.rollout import run_episodes
+
+    specs = [StoreEnv.generate(i, i % 4) for i in range(8)]
+    trajs = run_episodes(specs, OraclePolicy(), progress=False)
+    assert all(t.success and not t.truncated and t.tool_errors == 0 for t in trajs)
