@@ -42,7 +42,7 @@ def manifest_path(paths: Paths) -> Path:
 
 def fingerprint(cfg: Config, paths: Paths) -> str:
     """What the outputs are a function of: the synth section, the seeds, the generators' code."""
-    sources = [base.__file__, trajectories.__file__, __file__]
+    sources: list[str | None] = [base.__file__, trajectories.__file__, __file__]
     sources += [inspect.getsourcefile(FAMILIES[f]) for f in cfg.synth.families]
     code = {Path(s).name: _sha256(Path(s)) for s in sources if s}
     blob = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
