@@ -68,7 +68,7 @@ PARAMS: dict[str, list[str]] = {
     "teacher-rollout": ["rollout", "pipeline.seed"],
     "validate": ["validate"],
     "sft": ["sft", "model", "pipeline.seed"],
-    "rl": ["rl", "model", "pipeline.seed"],
+    "rl": ["rl", "curriculum", "model", "pipeline.seed"],
     "distill": ["distill", "model", "pipeline.seed"],
     "evaluate": ["evaluate", "model", "pipeline.seed"],
     "promote": ["promote"],
@@ -104,8 +104,13 @@ def _leaf_keys(raw: dict[str, Any], dotted: str) -> list[str]:
     return out
 
 
+#: keys under a listed section that the stage does not read (environment evolution is its own stage).
+EXCLUDE = ("curriculum.evolve",)
+
+
 def _params(raw: dict[str, Any], stage: str) -> list[str]:
-    return [k for entry in PARAMS[stage] for k in _leaf_keys(raw, entry)]
+    keys = [k for entry in PARAMS[stage] for k in _leaf_keys(raw, entry)]
+    return [k for k in keys if not k.startswith(EXCLUDE)]
 
 
 def _code(stage: str, prefix: str, repo: Path) -> list[str]:

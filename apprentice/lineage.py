@@ -228,6 +228,8 @@ def log_stage(run_id: str, stage: str, workdir: Path, executed: bool, params: Ma
         for item in items:
             md5 = item.get("md5") or item.get("hash") or ""
             path = item["path"]
+            if path.startswith("../"):  # code deps of a profile work dir: name them from the repo root
+                path = path[path.index("apprentice/"):] if "apprentice/" in path else path.lstrip("./")
             if "apprentice/" in path or path.rstrip("/").endswith("expectations"):
                 hashes[f"code:{path}"] = md5
                 continue

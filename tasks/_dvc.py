@@ -69,7 +69,8 @@ def dvc_repro(target: str, workdir: Path, env: dict[str, str]) -> tuple[int, str
     for line in proc.stdout:
         executed |= line.startswith("Running stage")
         tail.append(line)
-        print(line, end="", flush=True)
+        sys.stdout.write(line)  # straight to the console: stage progress bars are not log records
+        sys.stdout.flush()
     return proc.wait(), "".join(tail), executed
 
 

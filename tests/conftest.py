@@ -40,3 +40,15 @@ def tiny_model_dir(smol_tokenizer_dir, tmp_path_factory) -> str:
 
     tok = load_tokenizer(smol_tokenizer_dir)
     return str(make_tiny_model(tok, tmp_path_factory.mktemp("tiny") / "model", hidden=64, layers=2, seed=0))
+
+
+# ---- orchestration (helper "orchestration & lineage") --------------------------------------------
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A real Prefect API for the session (``prefect_test_harness``: temp sqlite, subprocess server,
+    ~6 s once). Not autouse: only flow tests pay for it. Yields the API URL so subprocesses can join."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield PREFECT_API_URL.value()

@@ -1,0 +1,195 @@
+"""The quick profile end to end through Prefect -> DVC -> MLflow, in a real git + DVC repo in a tmp dir.
+
+One module-scoped project is shared by the tests below, in order: a flow killed mid-stage and
+restarted (which is also the end-to-end run whose lineage is checked), a no-op ``dvc repro``, the
+set of stages a param change invalidates, and finally bad rows that stop the pipeline at the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+COPY = ["apprentice", "tasks", "flows", "expectations", "params.yaml", "prefect.yaml", ".dvcignore"]
+
+
+def _run(cmd, cwd, **kw):
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, prefect_api):
+    root = tmp_path_factory.mktemp("project")
+    for name in COPY:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, root / name)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+    _run(["git", "init", "-q"], root, env=env)
+    _run([sys.executable, "-m", "dvc", "init", "-q"], root, env=env)
+    _run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], root, env=env)
+    _run(["git", "add", "-A"], root, env=env)
+    _run(["git", "commit", "-qm", "init"], root, env=env)
+    store = root / "mlflow.db"
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}"
+    yield {"root": root, "wd": root / "runs" / "quick", "api": prefect_api, "env": env}
+    if old is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+def _lock(wd: Path) -> dict:
+    p = wd / "dvc.lock"
+    return yaml.safe_load(p.read_text())["stages"] if p.exists() else {}
+
+
+def test_killed_flow_resumes_and_records_lineage(project):
+    root, wd = project["root"], project["wd"]
+    env = {**project["env"], "PREFECT_API_URL": project["api"], "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.self_improve", "--profile", "quick"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    t0 = time.time()
+    for line in proc.stdout:  # wait until SFT has started, then pull the plug on the whole group
+        seen.append(line)
+        if "Running stage 'sft-1'" in line:
+            time.sleep(3)
+            break
+        assert time.time() - t0 < 300, "".join(seen[-40:])
+    else:
+        pytest.fail("flow ended before sft started:\n" + "".join(seen[-60:]))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    lock = _lock(wd)
+    assert "validate-1" in lock and "sft-1" not in lock
+    assert not (wd / "models/iter_1/sft").exists(), "a killed stage must leave no output behind"
+
+    from flows.self_improve import self_improve
+
+    t1 = time.time()
+    summary = self_improve(profile="quick", repo=str(root))
+    resume_s = time.time() - t1
+    executed = {s["stage"]: s["executed"] for s in summary["iterations"][0]["stages"]}
+    assert not any(executed[s] for s in ["prepare-base", "synth-1", "teacher-rollout-1", "validate-1"]), executed
+    assert all(executed[s] for s in ["sft-1", "rl-1", "distill-1", "evaluate-1", "promote-1", "report-1"]), executed
+    print(f"resume after kill: {resume_s:.1f} s")
+
+    # ---- lineage ------------------------------------------------------------------------------
+    from mlflow import MlflowClient
+
+    from apprentice import lineage
+
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("apprentice")
+    parents = c.search_runs([exp.experiment_id], "tags.`apprentice.iteration` = '1' and tags.`mlflow.runName` = 'iter-1'")
+    status = sorted(r.info.status for r in parents if "mlflow.parentRunId" not in r.data.tags)
+    assert status == ["FINISHED", "KILLED"], status  # the interrupted attempt is closed, not left RUNNING
+    parent = summary["iterations"][0]["parent_run_id"]
+    nested = c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
+    names = {r.info.run_name: r for r in nested}
+    assert set(names) == {"prepare-base", *(f"{s}-1" for s in
+                          ["synth", "teacher-rollout", "validate", "sft", "rl", "distill", "evaluate", "promote", "report"])}
+    sft = names["sft-1"]
+    assert sft.data.params["sft.max_steps"] and sft.data.tags["dvc.executed"] == "True"
+    assert len(c.get_metric_history(sft.info.run_id, "loss")) >= 1, "per-step metrics from metrics.jsonl"
+    lock = _lock(wd)
+    sft_in = {d.dataset.name: d.dataset.digest for d in sft.inputs.dataset_inputs}
+    md5 = next(d["md5"] for d in lock["sft-1"]["deps"] if d["path"] == "data/iter_1/sft.parquet")
+    assert sft_in["data/iter_1/sft.parquet"] == md5[:32], "datasets carry the DVC md5"
+    assert "models/iter_1/sft" in sft_in  # the output, by reference
+    assert c.get_run(parent).data.tags["git.commit"] != "unknown"
+
+    name = "apprentice-agent"
+    assert lineage.aliases(name) == {"champion": "1", "challenger": "1"}  # first model: champion
+    mv = c.get_model_version(name, "1")
+    assert mv.run_id == names["promote-1"].info.run_id
+    distill_md5 = next(o["md5"] for o in lock["distill-1"]["outs"] if o["path"] == "models/iter_1/student")
+    assert mv.tags["dvc_md5"] == distill_md5 and mv.tags["weights_path"] == "models/iter_1/student"
+    assert (wd / "reports/iter_1/curves/sft.png").stat().st_size > 1000
+    assert (wd / "reports/iter_1/gate.html").exists()
+
+
+def test_noop_repro_reruns_nothing(project):
+    t = time.time()
+    out = _run([sys.executable, "-m", "dvc", "repro"], project["wd"], env={**project["env"],
+               "PYTHONPATH": str(project["root"])}).stdout
+    noop_s = time.time() - t
+    assert "Running stage" not in out, out
+    print(f"no-op dvc repro: {noop_s:.2f} s")
+
+
+def test_rl_param_change_invalidates_only_rl_and_after(project):
+    wd = project["wd"]
+    params = wd / "params.yaml"
+    before = params.read_text()
+    raw = yaml.safe_load(before)
+    raw["rl"]["learning_rate"] = raw["rl"]["learning_rate"] * 2
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    try:
+        status = json.loads(_run([sys.executable, "-m", "dvc", "status", "--json"], wd, env=project["env"]).stdout)
+        out = _run([sys.executable, "-m", "dvc", "repro", "--dry"], wd, env=project["env"]).stdout
+    finally:
+        params.write_text(before)
+    assert set(status) == {"rl-1"}, status  # only rl's own params changed
+    would_run = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
+    assert "rl-1" in would_run and would_run <= {"rl-1", "distill-1", "evaluate-1", "promote-1", "report-1"}, would_run
+
+
+def test_bad_rows_stop_the_flow_at_the_gate(project):
+    """Bad teacher rows (recorded as that stage's output) make validate fail; sft never runs."""
+    root, wd = project["root"], project["wd"]
+    teacher = wd / "data/iter_1/teacher.parquet"
+    df = pd.read_parquet(teacher)
+    bad = df.iloc[:3].copy()
+    bad["messages"] = "{not json"
+    pd.concat([df, df.iloc[:2], bad]).to_parquet(teacher, index=False)  # + duplicates + broken rows
+    _run([sys.executable, "-m", "dvc", "commit", "-f", "teacher-rollout-1"], wd, env=project["env"])
+    sft_mtime = (wd / "models/iter_1/sft").stat().st_mtime
+
+    from mlflow import MlflowClient
+
+    from flows.self_improve import self_improve
+    from tasks._dvc import StageFailed
+
+    with pytest.raises(StageFailed, match="validate-1"):
+        self_improve(profile="quick", repo=str(root))
+    assert (wd / "models/iter_1/sft").stat().st_mtime == sft_mtime
+    page = (wd / "reports/iter_1/gate.html").read_text()
+    assert "FAILED" in page and "_messages_ok" in page
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("apprentice")
+    last = c.search_runs([exp.experiment_id], "tags.`mlflow.runName` = 'iter-1'", order_by=["start_time DESC"])[0]
+    assert last.info.status == "FAILED"
+    nested = {r.info.run_name: r.info.status for r in
+              c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{last.info.run_id}'")}
+    assert nested.get("validate-1") == "FAILED" and "sft-1" not in nested, nested
+
+
+def test_deployment_definition_loads():
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.flows import load_flow_from_entrypoint
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    (dep,) = spec["deployments"]
+    flow = load_flow_from_entrypoint(str(REPO / dep["entrypoint"].split(":")[0]) + ":" + dep["entrypoint"].split(":")[1])
+    flow.validate_parameters(dep["parameters"])
+    assert dep["concurrency_limit"] == 1
+    assert CronSchedule(cron=dep["schedules"][0]["cron"], timezone="UTC").cron == "0 2 * * *"

@@ -1,0 +1,42 @@
+"""dvc.yaml is generated from the params: iterations, per-key params, profile work dirs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from apprentice import dvcgen
+from apprentice.config import load_raw
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_committed_dvc_yaml_matches_params():
+    dvcgen.write("default", REPO, check=True)  # raises with the regenerate command when stale
+
+
+def test_iterations_chain_and_per_key_params():
+    raw = load_raw(REPO / "params.yaml")
+    raw["pipeline"]["iterations"] = 2
+    stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
+    assert [s for s in stages if s.endswith("-2")] == [f"{s}-2" for s in dvcgen.ITERATION_STAGES]
+    assert "data/iter_1/eval" in stages["synth-2"]["deps"]  # evolution reads the previous results
+    assert "reports/iter_1/promotion.json" in stages["sft-2"]["deps"]  # SFT starts from the champion
+    assert "rl.learning_rate" in stages["rl-1"]["params"]
+    assert not any(p.startswith("rl.") for s in ("synth-1", "sft-1", "validate-1") for p in stages[s].get("params", []))
+    assert "apprentice/stages/rl.py" in stages["rl-1"]["deps"]
+
+
+def test_profile_gets_its_own_work_dir(tmp_path):
+    for name in ("params.yaml", "apprentice"):
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp_path / name)
+    wd = dvcgen.write("quick", tmp_path)
+    assert wd == tmp_path / "runs" / "quick"
+    merged = yaml.safe_load((wd / "params.yaml").read_text())
+    assert merged == load_raw(tmp_path / "params.yaml", "quick")
+    spec = yaml.safe_load((wd / "dvc.yaml").read_text())
+    assert "../../apprentice/stages/sft.py" in spec["stages"]["sft-1"]["deps"]
+    assert spec["stages"]["sft-1"]["cmd"] == "python -m apprentice sft --params params.yaml --root . --iter 1"
