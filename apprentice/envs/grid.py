@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from apprentice.envs import register
-from apprentice.envs._text import clip, norm
+from apprentice.envs._text import clip, words
 from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, generate_solvable
 
 Pos = tuple[int, int]
@@ -193,6 +193,15 @@ def _preference(b: _Board, s: State) -> list[str]:
     return ["pick_up", *toward, *(d for d in DIRS if d not in toward)]
 
 
+def _direction(value: object) -> str | None:
+    """'up', ' UP. ', 'u', 'north', 'move up' -> 'up'; None unless exactly one direction is meant."""
+    ws = words(value)
+    if len(ws) == 1:
+        return _ALIASES.get(ws[0], ws[0]) if _ALIASES.get(ws[0], ws[0]) in DIRS else None
+    found = {w for w in ws if w in DIRS}
+    return found.pop() if len(found) == 1 else None
+
+
 def _offset(frm: Pos, to: Pos) -> str:
     dr, dc = to[0] - frm[0], to[1] - frm[1]
     parts = []
@@ -326,9 +335,8 @@ class GridEnv(Environment):
         Returns:
             What happened, then where the keys, doors and goal are relative to you and which moves are blocked.
         """
-        d = norm(direction)
-        d = _ALIASES.get(d, d)
-        if d not in DIRS:
+        d = _direction(direction)
+        if d is None:
             return self._act(None, f"Error: unknown direction {clip(direction)}; use up, down, left or right.")
         return self._act(d)
 

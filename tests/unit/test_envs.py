@@ -186,14 +186,14 @@ def test_grid_keys_are_needed_and_pick_up_works():
     assert "nothing to pick up" in env.pick_up()
 
 
-@pytest.mark.parametrize("junk", [" Up ", "UP", "up.", "'up'", "u", "North"])
+@pytest.mark.parametrize("junk", [" Up ", "UP", "up.", "'up'", "u", "North", "move up", {"direction": "up"}])
 def test_grid_direction_junk_is_understood(junk):
     env, _, _ = _fresh(GridEnv, 5, level=0)
     ref, _, _ = _fresh(GridEnv, 5, level=0)
     assert env.move(junk) == ref.move("up")
 
 
-@pytest.mark.parametrize("bad", ["sideways", "", None, 3, ["up", "down"], "{\"direction\": \"up\"}x"])
+@pytest.mark.parametrize("bad", ["sideways", "", None, 3, ["up", "down"], "up or down", "n s"])
 def test_grid_bad_direction_is_an_error_observation(bad):
     env, _, _ = _fresh(GridEnv, 5, level=0)
     obs = env.move(bad)
@@ -305,8 +305,9 @@ def test_episodes_do_not_depend_on_python_hash_seed():
     import subprocess
     import sys
 
-    procs = [subprocess.Popen([sys.executable, "-c", _TRANSCRIPT_SCRIPT], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONHASHSEED": hs}) for hs in ("1", "2")]
-    outs = {p.communicate(timeout=120)[0].strip() for p in procs}
-    assert all(p.returncode == 0 for p in procs)
-    assert len(outs) == 1 and len(next(iter(outs))) == 64
+    # this process hashes strings with a random seed; the child with hash randomisation off
+    child = subprocess.run([sys.executable, "-c", _TRANSCRIPT_SCRIPT], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "0"}, timeout=300).stdout.strip()
+    ns: dict = {}
+    exec(_TRANSCRIPT_SCRIPT.replace("print(h.hexdigest())", "out = h.hexdigest()"), ns)
+    assert child == ns["out"] and len(child) == 64
