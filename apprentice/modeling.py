@@ -196,7 +196,7 @@ def load_model(path_or_id: str | os.PathLike[str], dtype: str | torch.dtype = to
 
     weight_dtype = torch.float32 if dtype == "auto" else resolve_dtype(dtype)
     model = AutoModelForCausalLM.from_pretrained(str(path_or_id), dtype=weight_dtype, **kwargs)
-    model.to(device or default_device())
+    model.to(device or default_device())  # type: ignore[arg-type]  # transformers' stub mistypes .to
     model.eval()
     return fix_generation_config(model)
 

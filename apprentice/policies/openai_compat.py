@@ -41,14 +41,14 @@ def to_openai_messages(conversation: list[Message]) -> list[dict[str, Any]]:
     for i, m in enumerate(conversation):
         role = m.get("role")
         if role == "assistant" and m.get("tool_calls"):
-            calls = []
+            calls: list[dict[str, Any]] = []
             for j, tc in enumerate(m["tool_calls"]):
                 f = tc.get("function", tc)
                 args = f.get("arguments") or {}
                 cid = tc.get("id") or f"call_{i}_{j}"
                 calls.append({"id": cid, "type": "function", "function": {
                     "name": f["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
-            pending = [c["id"] for c in calls]
+            pending = [str(c["id"]) for c in calls]
             out.append({"role": "assistant", "content": m.get("content") or None, "tool_calls": calls})
         elif role == "tool":
             cid = m.get("tool_call_id") or (pending.pop(0) if pending else f"call_{i}_0")
