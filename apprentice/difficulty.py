@@ -105,10 +105,10 @@ class DifficultyPredictor:
 
 
 # ---- calibration metrics ------------------------------------------------------------------------
-def reliability_table(y: Sequence[int], p: Sequence[float], bins: int = 10) -> pd.DataFrame:
+def reliability_table(y: Sequence[int] | np.ndarray, p: Sequence[float] | np.ndarray, bins: int = 10) -> pd.DataFrame:
     """Equal-width bins over [0, 1]: count, mean predicted (confidence), observed rate (accuracy)."""
     y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
-    idx = np.minimum((p * bins).astype(int), bins - 1)
+    idx = np.minimum((np.asarray(p) * bins).astype(int), bins - 1)
     rows = []
     for b in range(bins):
         m = idx == b
@@ -118,7 +118,7 @@ def reliability_table(y: Sequence[int], p: Sequence[float], bins: int = 10) -> p
     return pd.DataFrame(rows)
 
 
-def calibration(y: Sequence[int], p: Sequence[float], bins: int = 10) -> dict[str, float]:
+def calibration(y: Sequence[int] | np.ndarray, p: Sequence[float] | np.ndarray, bins: int = 10) -> dict[str, float]:
     """AUC (ranking), Brier score (mean squared error of the probability) and ECE
     (sum over bins of count/N * |accuracy - confidence|)."""
     from sklearn.metrics import roc_auc_score

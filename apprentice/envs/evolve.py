@@ -177,13 +177,16 @@ def evolve_generation(specs: Sequence[ProblemSpec], generation: int,
 
 def seed_generation(families: Sequence[str], n: int, seed: int) -> list[ProblemSpec]:
     """Generation 0: ``n`` easiest-level problems, split over the families."""
-    out = []
+    out: list[ProblemSpec] = []
     for i in range(n):
         fam = families[i % len(families)]
-        cls = FAMILIES[fam]
+        cls: Any = FAMILIES[fam]
         s = derive_seed(seed, "gen0", fam, i)
-        out.append(cls.generate(s, 0) if hasattr(cls, "generate") else
-                   _solvable_near(cls.make_spec(s, cls.sample_difficulty(random.Random(s), 0))))
+        spec = cls.generate(s, 0) if hasattr(cls, "generate") else \
+            _solvable_near(cls.make_spec(s, cls.sample_difficulty(random.Random(s), 0)))
+        if spec is None:
+            raise RuntimeError(f"{fam}: no solvable level-0 problem near seed {s}")
+        out.append(spec)
     return out
 
 
@@ -205,7 +208,7 @@ def _signatures(cls: type[Environment]) -> list[tuple[str, list[tuple[str, type]
 
 
 def _random_call(env: Environment, rng: random.Random, words: list[str]) -> ToolCall:
-    name, params, doc_words = rng.choice(_signatures(type(env)))
+    name, params, doc_words = rng.choice(_signatures(type(env)))  # type: ignore[arg-type]
     args: dict[str, Any] = {}
     for p, ann in params:
         if ann is int:

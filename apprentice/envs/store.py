@@ -142,6 +142,13 @@ class StoreDB:
     def one(self, sql: str, *args: Any) -> tuple | None:
         return self.con.execute(sql, args).fetchone()
 
+    def row(self, sql: str, *args: Any) -> tuple:
+        """Exactly one row (the generator only asks for rows it knows exist)."""
+        r = self.con.execute(sql, args).fetchone()
+        if r is None:
+            raise LookupError(f"store generator: no row for {sql} {args}")
+        return tuple(r)
+
     # ---- writes (return None on success or an error text) ---------------------------------------
     def place(self, customer_id: int, product_id: int, qty: int) -> tuple[int | None, str | None]:
         if self.one("SELECT 1 FROM customers WHERE id=?", customer_id) is None:
@@ -258,7 +265,7 @@ class StoreEnv(Environment):
         return task
 
     def _ref_product(self, sim: StoreDB, rng: random.Random, pid: int, lookups: int) -> tuple[str, list[ToolCall]]:
-        name, cat, price = sim.one("SELECT name, category, price_cents FROM products WHERE id=?", pid)
+        name, cat, price = sim.row("SELECT name, category, price_cents FROM products WHERE id=?", pid)
         if lookups >= 2:
             rows = sim.con.execute("SELECT id, price_cents FROM products WHERE category=? ORDER BY price_cents",
                                    (cat,)).fetchall()
@@ -269,7 +276,7 @@ class StoreEnv(Environment):
         return f"product #{pid} ({name})", []
 
     def _ref_customer(self, sim: StoreDB, rng: random.Random, cid: int, lookups: int) -> tuple[str, list[ToolCall]]:
-        (name,) = sim.one("SELECT name FROM customers WHERE id=?", cid)
+        (name,) = sim.row("SELECT name FROM customers WHERE id=?", cid)
         if lookups >= 2:
             row = sim.one("SELECT MIN(id) FROM orders WHERE customer_id=? AND id<=?", cid, sim.n_initial_orders)
             if row and row[0] is not None:
@@ -287,15 +294,15 @@ class StoreEnv(Environment):
         kind = rng.choice(["place", "place", "restock"] + (["cancel"] if open_orders else []))
         if kind == "cancel":
             oid = rng.choice(open_orders)
-            cid, pid = sim.one("SELECT customer_id, product_id FROM orders WHERE id=?", oid)
+            cid, pid = sim.row("SELECT customer_id, product_id FROM orders WHERE id=?", oid)
             assert sim.cancel(oid) is None
             if lookups == 0:
                 return f"Cancel order #{oid}.", [ToolCall("cancel_order", {"order_id": oid})]
-            (pname,) = sim.one("SELECT name FROM products WHERE id=?", pid)
+            (pname,) = sim.row("SELECT name FROM products WHERE id=?", pid)
             cref, ccalls = self._ref_customer(sim, rng, cid, min(lookups, 1))
             # The goal is one specific order: describe it as the customer's earliest order of that
             # product, and fall back to the id when that description would point at another order.
-            (first,) = sim.one("SELECT MIN(id) FROM orders WHERE customer_id=? AND product_id=? AND id<=?",
+            (first,) = sim.row("SELECT MIN(id) FROM orders WHERE customer_id=? AND product_id=? AND id<=?",
                                cid, pid, sim.n_initial_orders)
             if first != oid:
                 return f"Cancel order #{oid}.", [ToolCall("cancel_order", {"order_id": oid})]
@@ -310,7 +317,7 @@ class StoreEnv(Environment):
                     [*pcalls, ToolCall("restock", {"product_id": pid, "quantity": qty})])
         cid = rng.randint(1, n_cust)
         cref, ccalls = self._ref_customer(sim, rng, cid, lookups)
-        (have,) = sim.one("SELECT qty FROM stock WHERE product_id=?", pid)
+        (have,) = sim.row("SELECT qty FROM stock WHERE product_id=?", pid)
         qty = rng.randint(1, 4)
         calls = [*pcalls, *ccalls]
         text = f"Order {qty} x {pref} for {cref}."

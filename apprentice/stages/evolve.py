@@ -78,7 +78,7 @@ def measure(specs: list, generation: int, ops: list[str | None], epsilon: float,
 def summarize(ref: pd.DataFrame) -> dict[str, Any]:
     from scipy.stats import fisher_exact
 
-    gens = []
+    gens: list[dict[str, Any]] = []
     for g, df in ref.groupby("generation"):
         k, n = int(df["success"].sum()), len(df)
         lo, hi = _wilson(k, n)
@@ -105,7 +105,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         done = json.loads(summary_path.read_text())
         if done.get("settings") == settings:
             return done
-    gens: list[tuple[list, list]] = []
+    gens: list[tuple[list[Any], list[Any]]] = []
     g0 = out / "gen_0.parquet"
     specs = specs_of(read_parquet(g0)) if g0.exists() else _gen0(cfg, paths)
     if not g0.exists():
