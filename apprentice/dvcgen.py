@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from apprentice.config import load_raw
+from apprentice.config import ConfigError, load_raw
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,12 +137,17 @@ def _cmd(stage: str, iteration: int | None) -> str:
 def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[str, Any]:
     """The ``dvc.yaml`` mapping for merged params ``raw``; ``prefix`` leads from the work dir to the repo."""
     n = int(raw.get("pipeline", {}).get("iterations", 1))
+    # The embedded base is built by prepare-base (a DVC output); any other model.base (an HF id or a
+    # folder the user provides) is only verified, so it is not an output and not a tracked dep.
+    base = str(raw.get("model", {}).get("base", "models/base"))
+    built = base == "models/base"
+    base_deps = ["models/base"] if built else []
     stages: dict[str, Any] = {
         "prepare-base": {
             "cmd": _cmd("prepare-base", None),
             "deps": _code("prepare-base", prefix, repo),
             "params": _params(raw, "prepare-base"),
-            "outs": ["models/base"],
+            **({"outs": ["models/base"]} if built else {}),
         }
     }
     metrics: list[str] = []
@@ -157,12 +162,12 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
             "validate": {"deps": [f"{d}/problems.parquet", f"{d}/eval_problems.parquet", f"{d}/teacher.parquet"],
                          "outs": [f"{d}/sft.parquet", {f"{r}/gate.html": {"cache": False}}],
                          "metrics": [{f"{r}/gate.json": {"cache": False}}]},
-            "sft": {"deps": [f"{d}/sft.parquet", "models/base"]
+            "sft": {"deps": [f"{d}/sft.parquet", *base_deps]
                     + ([f"{prev['reports']}/promotion.json"] if prev else []),
                     "outs": [f"{m}/sft"]},
             "rl": {"deps": [f"{m}/sft", f"{d}/problems.parquet"], "outs": [f"{m}/rl"]},
             "distill": {"deps": [f"{m}/rl", f"{d}/sft.parquet", f"{d}/problems.parquet"], "outs": [f"{m}/student"]},
-            "evaluate": {"deps": [f"{d}/eval_problems.parquet", "models/base", f"{m}/sft", f"{m}/rl",
+            "evaluate": {"deps": [f"{d}/eval_problems.parquet", *base_deps, f"{m}/sft", f"{m}/rl",
                                   f"{m}/student"], "outs": [f"{d}/eval"]},
             "promote": {"deps": [f"{d}/eval"], "outs": [],
                         "metrics": [{f"{r}/promotion.json": {"cache": False}}]},
@@ -184,6 +189,13 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
     return {"stages": stages, "metrics": metrics, "plots": plots}
 
 
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def render(raw: dict[str, Any], source: str, prefix: str = "", repo: Path = REPO) -> str:
     body = yaml.safe_dump(pipeline(raw, prefix, repo), sort_keys=False, width=120)
     return GENERATED_HEADER.format(src=source) + body
@@ -196,7 +208,14 @@ def write(profile: str = "default", repo: Path = REPO, check: bool = False) -> P
     """
     wd = workdir(profile, repo)
     base = repo / "params.yaml"
-    raw = load_raw(base, None if profile in ("", "default") else profile)
+    raw = load_raw(base)
+    if wd != repo:  # the profile file of the repo being run (a test project may carry its own)
+        pfile = repo / "apprentice" / "profiles" / f"{profile}.yaml"
+        if not pfile.exists():
+            known = sorted(p.stem for p in pfile.parent.glob("*.yaml"))
+            raise ConfigError(f"unknown profile '{profile}'; choose from {['default', *known]}")
+        raw = _merge(raw, yaml.safe_load(pfile.read_text()) or {})
+        raw.setdefault("pipeline", {})["profile"] = profile
     files: dict[Path, str] = {}
     if wd != repo:
         src = f"params.yaml + apprentice/profiles/{profile}.yaml"

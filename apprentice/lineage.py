@@ -356,3 +356,21 @@ def aliases(model_name: str) -> dict[str, str]:
     except mlflow.exceptions.MlflowException:
         return {}
     return {a: str(v) for a, v in (rm.aliases or {}).items()}
+
+
+def store_summary(experiment: str, model_name: str) -> str:
+    """One line on what the store holds: runs, nested runs, datasets, versions, aliases."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return f"experiment '{experiment}' is empty"
+    runs = client.search_runs([exp.experiment_id], max_results=5000)
+    nested = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    datasets = sum(len(r.inputs.dataset_inputs) for r in runs if r.inputs)
+    try:
+        versions = client.search_model_versions(f"name='{model_name}'")
+    except mlflow.exceptions.MlflowException:
+        versions = []
+    return (f"{len(runs) - len(nested)} iteration runs, {len(nested)} stage runs, {datasets} dataset inputs, "
+            f"{len(versions)} versions of '{model_name}', aliases {aliases(model_name) or '{}'}")
+

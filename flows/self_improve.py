@@ -74,6 +74,7 @@ def self_improve(profile: str = "default", repo: str | None = None) -> dict:
                                       "dvc.executed_stages": ",".join(s["stage"] for s in stages if s["executed"])})
         summary["iterations"].append({"iteration": k, "parent_run_id": parent, "stages": stages})
     print(where_to_look(wd, uri, cfg.pipeline.iterations))
+    print(f"  MLflow store:    {lineage.store_summary(cfg.lineage.experiment, cfg.promote.registered_model)}")
     return summary
 
 
@@ -84,13 +85,24 @@ def where_to_look(wd: Path, uri: str, k: int) -> str:
     pngs = sorted(str(p) for p in (rep / "curves").glob("*.png"))
     return "\n".join([
         f"\n=== evaluation, iteration {k} (held-out problems) ===", table.rstrip(),
-        f"\npromotion: {promo.strip()}",
+        f"\npromotion: {_promotion_line(promo)}",
         "\nwhere to look:",
         f"  MLflow UI:      mlflow ui --backend-store-uri {uri} --port 5000   (then http://127.0.0.1:5000)",
         f"  gate report:    {rep / 'gate.html'}",
         f"  learning curves: {', '.join(pngs) or '(none)'}",
+        f"  promotion:      {rep / 'promotion.json'}",
         f"  DVC:            cd {wd} && dvc metrics show && dvc plots show  (dvc.yaml, dvc.lock)",
     ])
+
+
+def _promotion_line(text: str) -> str:
+    import json
+
+    p = json.loads(text or "{}")
+    if not p:
+        return "(none)"
+    verdict = "promoted to champion" if p.get("promoted") else "registered as challenger; champion kept"
+    return f"{p.get('registered_model')} v{p.get('version')} ({p.get('candidate')}) {verdict}: {p.get('reason')}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ def _run(cmd, cwd, **kw):
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, prefect_api):
+def project(tmp_path_factory, prefect_api, tiny_model_dir):
     root = tmp_path_factory.mktemp("project")
     for name in COPY:
         src = REPO / name
@@ -39,6 +39,10 @@ def project(tmp_path_factory, prefect_api):
             shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(src, root / name)
+    quick = root / "apprentice/profiles/quick.yaml"
+    profile = yaml.safe_load(quick.read_text()) or {}
+    profile.setdefault("model", {})["base"] = tiny_model_dir
+    quick.write_text(yaml.safe_dump(profile, sort_keys=False))
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
     _run(["git", "init", "-q"], root, env=env)

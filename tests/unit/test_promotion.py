@@ -72,3 +72,19 @@ def test_champion_stays_when_challenger_is_worse(store):
 
     better = promote.run(cfg, _iteration(store, 3, [True] * 30))
     assert better["promoted"] and lineage.aliases(name) == {"champion": "3", "challenger": "3"}
+
+
+def test_dead_tracking_server_fails_fast_with_a_fix(monkeypatch, tmp_path):
+    import socket
+    import time
+
+    from apprentice import lineage
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    t = time.time()
+    with pytest.raises(lineage.LineageError, match="not reachable.*sqlite:///mlruns.db"):
+        lineage.configure(f"http://127.0.0.1:{port}", "apprentice", tmp_path)
+    assert time.time() - t < 10
