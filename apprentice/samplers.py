@@ -28,7 +28,8 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["SAMPLERS", "aes", "dtac", "hdc", "order_problems", "pass_band", "pass_table", "sample"]
+__all__ = ["SAMPLERS", "aes", "dtac", "hdc", "order_problems", "pass_band", "pass_table", "sample",
+           "table_from_rates"]
 
 
 def _tiebreak(pid: str, seed: int) -> str:
@@ -195,6 +196,19 @@ def order_problems(problems: pd.DataFrame, table: pd.DataFrame, cfg: Any, n: int
         raise ValueError(f"{len(missing)} sampled problem ids are not in the problems frame (e.g. {missing[0]}); "
                          "build the pass-rate table from rollouts of these problems")
     return by_id.loc[ids].reset_index(drop=True)
+
+
+def table_from_rates(rates: Any, problems: pd.DataFrame) -> pd.DataFrame:
+    """The samplers' table from ``training.curriculum.pass_rates`` output (``{pid: PassRate(successes,
+    samples)}``) plus the problems frame that holds their specs: the bridge the RL stage needs."""
+    ids = [pid for pid in problems["problem_id"] if pid in rates]
+    spec = problems.set_index("problem_id").loc[ids, "spec"]
+    rows = pd.DataFrame({"problem_id": ids, "success": [0] * len(ids), "spec": list(spec)})
+    t = pass_table(rows)
+    t["attempts"] = [int(rates[i].samples) for i in t["problem_id"]]
+    t["successes"] = [int(rates[i].successes) for i in t["problem_id"]]
+    t["pass_rate"] = t["successes"] / t["attempts"].where(t["attempts"] > 0)
+    return t
 
 
 def pass_table(trajectories: pd.DataFrame, problems: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -110,3 +110,17 @@ def test_order_problems_returns_problem_rows_in_sampler_order():
     assert list(out["problem_id"]) == ["p00", "p01"]
     with pytest.raises(ValueError, match="not in the problems frame"):
         order_problems(problems.iloc[:1], t, CurriculumConfig(sampler="pass_band", band=0.2))
+
+
+def test_table_from_rl_probe_rates():
+    from apprentice.envs.store import StoreEnv
+    from apprentice.samplers import table_from_rates
+    from apprentice.training.curriculum import PassRate
+
+    specs = [StoreEnv.generate(i, i) for i in range(3)]
+    problems = pd.DataFrame({"problem_id": [s.problem_id for s in specs], "spec": [s.to_json() for s in specs]})
+    rates = {specs[0].problem_id: PassRate(1, 4), specs[2].problem_id: PassRate(0, 4)}
+    t = table_from_rates(rates, problems).set_index("problem_id")
+    assert set(t.index) == {specs[0].problem_id, specs[2].problem_id}  # unprobed problem left out
+    assert t.loc[specs[0].problem_id, "pass_rate"] == 0.25 and t.loc[specs[2].problem_id, "attempts"] == 4
+    assert hdc(t.reset_index())[0] == specs[0].problem_id  # level 0 (smallest state) first
