@@ -123,3 +123,20 @@ def test_privileged_context_reaches_only_the_teacher_view():
     assert privileged_messages(msgs, ctx, "none") == msgs
     with pytest.raises(ValueError, match="needs_oracle_plan"):
         privileged_messages(msgs, {}, "oracle_plan")
+
+
+def test_mean_logprobs_scores_only_the_action_tokens(tiny_model_dir, smol_tokenizer_dir):
+    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.training.opd.mixed import mean_logprobs
+
+    tok, model = load_tokenizer(smol_tokenizer_dir), load_model(tiny_model_dir)
+    prompts, actions = ["<|im_start|>user\nhi<|im_end|>\n", "a much longer prompt than the first one"], [" yes", " no way"]
+    got = mean_logprobs(model, tok, prompts, actions)
+    for p, a, g in zip(prompts, actions, got, strict=True):  # reference: one unpadded sequence at a time
+        p_ids, a_ids = tok(p, add_special_tokens=False)["input_ids"], tok(a, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([p_ids + a_ids])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+        ref = lp[torch.arange(len(p_ids) - 1, ids.size(1) - 1), ids[0, len(p_ids):]].mean().item()
+        assert g == pytest.approx(ref, abs=1e-4)
+    assert mean_logprobs(model, tok, ["x"], [""]) == [None]
