@@ -246,6 +246,8 @@ def make_trainer(recipe: Recipe, *, student: Any, teacher: Any | None, tokenizer
     from apprentice.modeling import resolve_dtype
     from apprentice.training.common import trl_args
 
+    if recipe.temperature is not None:
+        temperature = recipe.temperature
     args = trl_args(DistillationConfig, output_dir, dtype=dtype, max_steps=max_steps, batch_size=batch_size,
                     learning_rate=learning_rate, save_steps=save_steps, seed=seed, beta=beta,
                     temperature=temperature, max_completion_length=turn_tokens, **trl_extra)

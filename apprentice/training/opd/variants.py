@@ -37,6 +37,7 @@ class Recipe:
     self_teacher_sync_steps: int = 0  # privileged: re-copy the student into the teacher every N steps
     samples_per_problem: int = 1  # GRPO groups (ATOD/GRPO need >= 2)
     train_teacher_turns: bool = False
+    temperature: float | None = None  # rollout sampling temperature (None: the trainer's default)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "executor": repr(self.executor), "mixer": repr(self.mixer),
@@ -52,7 +53,7 @@ def _base(cfg: Any, name: str, **kw: Any) -> Recipe:
     o = cfg.distill.opd
     kw.setdefault("samples_per_problem", o.samples_per_problem)
     return Recipe(name=name, weighting=o.weighting, sod_alpha=o.sod_alpha,
-                  train_teacher_turns=o.train_teacher_turns, **kw)
+                  train_teacher_turns=o.train_teacher_turns, temperature=o.temperature, **kw)
 
 
 def vanilla(cfg: Any) -> Recipe:
@@ -96,7 +97,10 @@ def privileged(cfg: Any) -> Recipe:
     return _base(cfg, "privileged", privileged=o.privileged_context, self_teacher_sync_steps=o.privileged_sync_steps)
 
 
+#: ``opd`` is multi-turn vanilla OPD under the name the distill stage can select (its own built-in
+#: ``vanilla`` is TRL's single-turn trainer and wins on that name); ``vanilla`` is kept for direct use.
 VARIANTS: dict[str, Callable[[Any], Recipe]] = {
+    "opd": vanilla,
     "vanilla": vanilla,
     "guided": guided,
     "dash": dash,
