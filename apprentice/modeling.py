@@ -111,13 +111,22 @@ def smol_gguf_path() -> Path:
     return path
 
 
-def smol_tokenizer_dir(cache_dir: str | os.PathLike[str]) -> Path:
-    """An HF tokenizer folder for SmolLM2 under ``cache_dir``, extracted from the GGUF once.
+def default_cache_dir() -> Path:
+    """Where extracted artifacts are cached: ``$APPRENTICE_CACHE`` or ``~/.cache/apprentice``."""
+    return Path(os.environ.get("APPRENTICE_CACHE") or Path.home() / ".cache" / "apprentice")
+
+
+def smol_tokenizer_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """An HF tokenizer folder for SmolLM2 under ``cache_dir`` (default :func:`default_cache_dir`),
+    extracted from the GGUF once.
 
     Reading the tokenizer out of the GGUF takes ~7 s; reloading the saved folder ~0.4 s, so tests
     and tools cache it. The folder holds the compact chat template and the response parser.
     """
     import hashlib
+
+    if cache_dir is None:
+        cache_dir = default_cache_dir()
 
     key = hashlib.sha256(compact_chat_template().encode()).hexdigest()[:10]  # template change -> new folder
     out = Path(cache_dir) / f"smollm2-tokenizer-{key}"

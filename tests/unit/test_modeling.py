@@ -149,3 +149,16 @@ def test_prepare_base_converts_the_embedded_gguf(tmp_path):
     assert prepare_base.run(_cfg(), paths)["action"].startswith("skipped")
     (turn,) = HFPolicy(paths.base_model, max_new_tokens=8).act([[{"role": "user", "content": "2+2="}]], [[]])
     assert turn.completion_tokens > 0 and turn.raw.strip()
+
+
+def test_prepare_base_tiny_builds_once(tmp_path, smol_tokenizer_dir, monkeypatch):
+    from apprentice.paths import Paths
+    from apprentice.stages import prepare_base
+
+    monkeypatch.setenv("APPRENTICE_CACHE", str(Path(smol_tokenizer_dir).parent))  # reuse the extraction
+
+    cfg = _cfg(base="models/tiny")
+    first = prepare_base.run(cfg, Paths(tmp_path))
+    assert first["action"].startswith("built") and (tmp_path / "models" / "tiny" / "model.safetensors").exists()
+    assert prepare_base.run(cfg, Paths(tmp_path))["action"].startswith("skipped")
+    assert modeling.load_model(first["base"], device="cpu").config.num_hidden_layers == 2
