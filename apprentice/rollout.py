@@ -137,7 +137,7 @@ def run_episodes(
         raise ValueError("batch_size must be >= 1")
     lv = _levels_for(specs, levels)
     pid = policy_id or getattr(policy, "policy_id", None) or type(policy).__name__
-    wants_plan = bool(getattr(policy, "needs_oracle_plan", False))
+    wants_plan = _wants_plan(policy)
     fmt = getattr(policy, "tool_call_format", None) or DEFAULT_TOOL_CALL_FORMAT
     make_env = env_factory or _default_env
     _seed_everything(seed)
@@ -197,6 +197,17 @@ def run_episodes(
         bar.close()
 
     return [_trajectory(e, pid) for e in episodes]
+
+
+def _wants_plan(policy: Policy) -> bool:
+    """Privileged context goes only to policies that ask for it (``needs_oracle_plan = True``) and to
+    the oracle, which needs it by definition."""
+    flag = getattr(policy, "needs_oracle_plan", None)
+    if flag is not None:
+        return bool(flag)
+    from apprentice.policies.oracle import OraclePolicy
+
+    return isinstance(policy, OraclePolicy)
 
 
 def _default_env(spec: ProblemSpec) -> Environment:

@@ -224,3 +224,15 @@ def test_parquet_write_is_atomic(tmp_path):
         write_parquet(bad, tmp_path / "new.parquet")
     assert sorted(os.listdir(tmp_path)) == ["teacher.parquet"]  # no partial file, no temp left behind
     pd.testing.assert_frame_equal(read_parquet(target), trajectories_frame(trajs))
+
+
+def test_oracle_policy_solves_every_real_family_at_every_level():
+    from apprentice.envs import FAMILIES
+    from apprentice.policies.oracle import OraclePolicy
+
+    specs = [cls.generate(seed, level) for cls in FAMILIES.values() for level in (0, 1, 2) for seed in (11, 12)]
+    trajs = run_episodes(specs, OraclePolicy(), progress=False)
+    assert len(trajs) == len(specs) and {t.family for t in trajs} == set(FAMILIES)
+    failed = [(t.family, t.difficulty, t.turns) for t in trajs if not t.success]
+    assert not failed, f"oracle failed on {failed}"
+    assert not any(t.truncated or t.parse_errors or t.tool_errors for t in trajs)

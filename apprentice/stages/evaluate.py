@@ -1,0 +1,74 @@
+"""Stage ``evaluate``: one policy on the held-out problems -> per-episode Parquet + DVC metrics JSON.
+
+``--policy oracle|base|sft|rl|student|<path or HF id>``; by default the newest model of the
+iteration (student, else rl, else sft, else base). Sampling settings come from ``evaluate``
+(temperature, max_new_tokens, batch_size, samples_per_problem for pass@k), model settings from
+``model`` (chat template, dtype). Writes ``data/iter_k/eval/<name>.parquet`` and ``<name>.json``
+(flat metrics, see :func:`apprentice.evaluation.summarize`) and prints a table.
+
+Resumable like ``rollout``: a complete episode table with the same input fingerprint is reused and
+only the (cheap) metrics are recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from apprentice.config import Config, PolicyConfig
+from apprentice.evaluation import format_table, summarize
+from apprentice.paths import Paths, atomic_path
+from apprentice.rollout import run_episodes
+from apprentice.stages.rollout import (
+    FINGERPRINT_KEY,
+    MODEL_CHOICES,
+    build_policy,
+    existing_if_complete,
+    fingerprint,
+    resolve_policy,
+)
+from apprentice.trajectories import read_parquet, trajectories_frame, write_parquet
+
+
+def newest_model(paths: Paths) -> str:
+    """The most-trained model this iteration has produced so far."""
+    for choice, p in (("student", paths.student_model), ("rl", paths.rl_model), ("sft", paths.sft_model)):
+        if (p / "config.json").exists():
+            return choice
+    return "base"
+
+
+def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = None,
+        progress: bool = True) -> dict[str, Any]:
+    problems = read_parquet(paths.eval_problems)
+    ec = cfg.evaluate
+    choice = policy or newest_model(paths)
+    default = PolicyConfig(kind="hf", temperature=ec.temperature, max_new_tokens=ec.max_new_tokens,
+                           batch_size=ec.batch_size)
+    if choice not in (*MODEL_CHOICES, "oracle") and cfg.rollout.teacher.kind == "openai":
+        default = cfg.rollout.teacher.model_copy(update={"temperature": ec.temperature,
+                                                         "max_new_tokens": ec.max_new_tokens})
+    name, pol_cfg = resolve_policy(choice, default, cfg, paths)
+    out_dir = Path(out) if out else paths.eval_dir
+    pq, js = out_dir / f"{name}.parquet", out_dir / f"{name}.json"
+    fp = fingerprint(problems, pol_cfg, cfg, samples=ec.samples_per_problem)
+
+    df = existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
+    skipped = df is not None
+    if df is None:
+        pol = build_policy(pol_cfg, cfg, paths)
+        trajs = run_episodes(problems, pol, samples_per_problem=ec.samples_per_problem,
+                             batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed,
+                             policy_id=name)
+        df = trajectories_frame(trajs)
+        df.attrs[FINGERPRINT_KEY] = fp
+        write_parquet(df, pq)
+
+    metrics = summarize(df, ec.pass_k)
+    with atomic_path(js) as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    print(format_table(metrics, title=f"evaluate {name} on {paths.eval_problems.name} (iteration {paths.iteration})"))
+    return {"policy": name, "metrics": str(js), "episodes": str(pq), "skipped": skipped,
+            "success_rate": metrics["success_rate"],
+            "success_ci": [metrics["success_ci_low"], metrics["success_ci_high"]]}

@@ -1,0 +1,143 @@
+"""Stage ``rollout`` (alias ``teacher-rollout``): the teacher plays every training problem.
+
+Reads ``data/iter_k/problems.parquet``, builds the teacher from ``rollout.teacher`` (or
+``--policy oracle|base|sft|rl|student|<path>``), runs ``rollout.samples_per_problem`` episodes per
+problem with the batched engine and writes ``data/iter_k/teacher.parquet`` atomically.
+
+Resumable: the output carries a fingerprint of its inputs (problem specs, policy settings, model
+weights, seed) in its Parquet metadata; a rerun that finds a complete output with the same
+fingerprint returns at once. The policy-resolution helpers here are shared with ``evaluate``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from apprentice.config import Config, PolicyConfig
+from apprentice.evaluation import summarize
+from apprentice.paths import Paths
+from apprentice.rollout import run_episodes
+from apprentice.trajectories import read_parquet, trajectories_frame, write_parquet
+
+MODEL_CHOICES = ("base", "sft", "rl", "student")
+FINGERPRINT_KEY = "apprentice_fingerprint"
+
+
+def model_dir(choice: str, cfg: Config, paths: Paths) -> str:
+    """``base|sft|rl|student`` -> the model folder of this iteration; anything else is a path/HF id."""
+    if choice == "base":
+        from apprentice.modeling import resolve_model_ref
+
+        return resolve_model_ref(cfg.model.base, paths.root)
+    if choice in MODEL_CHOICES:
+        p = {"sft": paths.sft_model, "rl": paths.rl_model, "student": paths.student_model}[choice]
+        if not (p / "config.json").exists():
+            raise FileNotFoundError(f"{p} holds no model; run `python -m apprentice {choice if choice != 'student' else 'distill'}` first")
+        return str(p)
+    return choice
+
+
+def resolve_policy(choice: str | None, default: PolicyConfig, cfg: Config, paths: Paths) -> tuple[str, PolicyConfig]:
+    """``--policy`` value -> (short name for outputs, PolicyConfig). ``None`` keeps ``default``."""
+    if choice is None:
+        name = "oracle" if default.kind == "oracle" else _short(default.model or "base")
+        if default.kind == "hf" and not default.model:
+            default = default.model_copy(update={"model": model_dir("base", cfg, paths)})
+        return name, default
+    if choice == "oracle":
+        return "oracle", default.model_copy(update={"kind": "oracle"})
+    kind = "openai" if default.kind == "openai" and choice not in MODEL_CHOICES and not Path(choice).exists() else "hf"
+    model = model_dir(choice, cfg, paths) if kind == "hf" else choice
+    name = choice if choice in MODEL_CHOICES else _short(choice)
+    return name, default.model_copy(update={"kind": kind, "model": model})
+
+
+def _short(ref: str) -> str:
+    tail = Path(ref.rstrip("/")).name or "model"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", tail)
+
+
+def build_policy(pol_cfg: PolicyConfig, cfg: Config, paths: Paths) -> Any:
+    """The policy object via ``apprentice.policies.make_policy`` (model settings passed if it takes them)."""
+    from apprentice.policies import make_policy
+
+    if cfg.model.threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.model.threads)
+    base = model_dir("base", cfg, paths)
+    params = inspect.signature(make_policy).parameters
+    extra = {k: v for k, v in (("chat_template", cfg.model.chat_template), ("dtype", cfg.model.dtype),
+                               ("seed", cfg.pipeline.seed), ("root", str(paths.root))) if k in params}
+    return make_policy(pol_cfg, base, **extra)
+
+
+def model_fingerprint(ref: str) -> str:
+    """Content hash of a local model folder's top-level files (weights, config, tokenizer), or the
+    reference itself for a remote model. Hashing 0.5 GB takes ~1 s; far less than any rollout."""
+    p = Path(ref)
+    if not p.is_dir():
+        return ref
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")):
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, **settings: Any) -> str:
+    doc = {
+        "specs": sorted(problems["spec"]),
+        "policy": pol_cfg.model_dump(),
+        "model": model_fingerprint(pol_cfg.model) if pol_cfg.kind == "hf" else "",
+        "model_cfg": cfg.model.model_dump(exclude={"threads"}),
+        "seed": cfg.pipeline.seed,
+        **settings,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def existing_if_complete(out: Path, fp: str, expected_rows: int) -> pd.DataFrame | None:
+    """The output at ``out`` if it was written for exactly these inputs, else None."""
+    if not out.exists():
+        return None
+    try:
+        df = pd.read_parquet(out)
+    except Exception:  # noqa: BLE001 - unreadable -> recompute
+        return None
+    if df.attrs.get(FINGERPRINT_KEY) != fp or len(df) != expected_rows:
+        return None
+    return df
+
+
+def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = None,
+        progress: bool = True) -> dict[str, Any]:
+    problems = read_parquet(paths.problems)
+    target = Path(out) if out else paths.teacher_trajectories
+    rc = cfg.rollout
+    name, pol_cfg = resolve_policy(policy, rc.teacher, cfg, paths)
+    fp = fingerprint(problems, pol_cfg, cfg, samples=rc.samples_per_problem, max_turns=rc.max_turns)
+    n_rows = len(problems) * rc.samples_per_problem
+
+    df = existing_if_complete(target, fp, n_rows)
+    skipped = df is not None
+    if df is None:
+        pol = build_policy(pol_cfg, cfg, paths)
+        trajs = run_episodes(problems, pol, samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
+                             batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed)
+        df = trajectories_frame(trajs)
+        df.attrs[FINGERPRINT_KEY] = fp
+        write_parquet(df, target)
+    m = summarize(df)
+    return {"out": str(target), "policy": name, "skipped": skipped, "episodes": len(df),
+            "success_rate": m["success_rate"], "success_ci": [m["success_ci_low"], m["success_ci_high"]],
+            "truncation_rate": m["truncation_rate"], "mean_turns": m["mean_turns"]}

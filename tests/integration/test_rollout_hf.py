@@ -1,0 +1,91 @@
+"""Rollouts and the rollout/evaluate stages with a real HFPolicy on a tiny random model."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from apprentice.config import load_config
+from apprentice.envs import FAMILIES
+from apprentice.paths import Paths
+from apprentice.policies.hf import HFPolicy
+from apprentice.rollout import run_episodes
+from apprentice.trajectories import problems_frame, read_parquet, write_parquet
+
+pytestmark = pytest.mark.integration
+
+
+def _specs():
+    return [FAMILIES[f].generate(seed, level) for f in ("grid", "search") for level in (0, 2) for seed in (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_model_dir):
+    return HFPolicy(tiny_model_dir, max_new_tokens=12, batch_size=16, dtype="fp32")
+
+
+def test_tiny_model_rollout_records_tokens_and_counts_bad_output(tiny_policy):
+    specs = _specs()
+    trajs = run_episodes(specs, tiny_policy, max_turns=2, levels=[0, 0, 2, 2] * 2, progress=False)
+    assert [t.problem_id for t in trajs] == [s.problem_id for s in specs]
+    for t in trajs:
+        assert t.policy_id == tiny_policy.policy_id and t.turns == 2 and t.truncated and not t.success
+        # a random model writes no valid tool call: every turn is a counted parse error, answered
+        # with an error observation, and the episode still runs to its budget
+        assert t.parse_errors == 2
+        assert [m["role"] for m in t.messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert t.prompt_tokens > 100 and 0 < t.completion_tokens <= 2 * 12
+        assert t.tools == FAMILIES[t.family].tool_schemas()
+
+
+def test_batched_generation_takes_the_same_actions_as_one_at_a_time(tiny_policy, tiny_model_dir):
+    specs = _specs()
+    batched = run_episodes(specs, tiny_policy, max_turns=2, progress=False)
+    single = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, max_new_tokens=12, batch_size=1, dtype="fp32")
+    one_by_one = [run_episodes([s], single, max_turns=2, batch_size=1, progress=False)[0] for s in specs]
+    assert [t.messages for t in batched] == [t.messages for t in one_by_one]
+
+
+def _project(tmp_path, n=4):
+    paths = Paths(tmp_path, 1)
+    specs = _specs()[:n]
+    write_parquet(problems_frame(specs, [0] * n, "train"), paths.problems)
+    write_parquet(problems_frame(specs, [1] * n, "eval"), paths.eval_problems)
+    (tmp_path / "params.yaml").write_text("{}\n")  # typed defaults
+    return paths
+
+
+def test_rollout_stage_with_oracle_is_complete_and_resumable(tmp_path):
+    from apprentice.stages import rollout as stage
+
+    paths = _project(tmp_path)
+    cfg = load_config(tmp_path / "params.yaml")  # teacher = oracle
+    first = stage.run(cfg, paths, progress=False)
+    assert first["success_rate"] == 1.0 and first["episodes"] == 4 and not first["skipped"]
+    df = read_parquet(paths.teacher_trajectories)
+    assert df["success"].all() and (df["policy_id"] == "oracle").all()
+    mtime = paths.teacher_trajectories.stat().st_mtime_ns
+    again = stage.run(cfg, paths, progress=False)
+    assert again["skipped"] and paths.teacher_trajectories.stat().st_mtime_ns == mtime
+    cfg2 = load_config(tmp_path / "params.yaml", overrides=["rollout.samples_per_problem=2"])
+    changed = stage.run(cfg2, paths, progress=False)
+    assert not changed["skipped"] and changed["episodes"] == 8
+
+
+def test_evaluate_stage_with_a_model_path_writes_episodes_and_metrics(tmp_path, tiny_model_dir, capsys):
+    from apprentice.stages import evaluate as stage
+
+    paths = _project(tmp_path, n=2)
+    cfg = load_config(tmp_path / "params.yaml", overrides=["evaluate.max_new_tokens=8", "model.chat_template=model"])
+    out = stage.run(cfg, paths, policy=tiny_model_dir, progress=False)
+    name = out["policy"]
+    metrics = json.loads((paths.eval_dir / f"{name}.json").read_text())
+    episodes = pd.read_parquet(paths.eval_dir / f"{name}.parquet")
+    assert len(episodes) == 2 and metrics["n_episodes"] == 2 and metrics["success_rate"] == 0.0
+    assert metrics["parse_error_rate"] == 1.0 and "level_1/success_rate" in metrics
+    assert "success (95% Wilson CI)" in capsys.readouterr().out
+    assert stage.run(cfg, paths, policy=tiny_model_dir, progress=False)["skipped"]
+    oracle = stage.run(cfg, paths, policy="oracle", progress=False)
+    assert oracle["success_rate"] == 1.0 and (paths.eval_dir / "oracle.json").exists()
