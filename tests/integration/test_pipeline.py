@@ -30,8 +30,29 @@ def _run(cmd, cwd, **kw):
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True, **kw)
 
 
+#: Sizes for this test where the quick profile leaves a key unset (quick's own values win): the
+#: tiny random Llama and a handful of steps, so the whole stack runs in about a minute.
+FAST = {"model": {"base": "models/tiny"},
+        "synth": {"n_train": 12, "n_eval": 8, "levels": [0]},
+        "sft": {"max_steps": 2, "batch_size": 4, "save_steps": 1},
+        "rl": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 32,
+               "probe_samples": 0, "save_steps": 1},
+        "distill": {"max_steps": 1, "batch_size": 2, "max_completion_length": 16, "save_steps": 1,
+                    "student": {"warmup_steps": 1}},
+        "evaluate": {"max_new_tokens": 24, "batch_size": 8}}
+
+
+def _fill(profile: dict, defaults: dict) -> dict:
+    for k, v in defaults.items():
+        if isinstance(v, dict):
+            _fill(profile.setdefault(k, {}), v)
+        else:
+            profile.setdefault(k, v)
+    return profile
+
+
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, prefect_api, tiny_model_dir):
+def project(tmp_path_factory, prefect_api):
     root = tmp_path_factory.mktemp("project")
     for name in COPY:
         src = REPO / name
@@ -40,9 +61,7 @@ def project(tmp_path_factory, prefect_api, tiny_model_dir):
         else:
             shutil.copy2(src, root / name)
     quick = root / "apprentice/profiles/quick.yaml"
-    profile = yaml.safe_load(quick.read_text()) or {}
-    profile.setdefault("model", {})["base"] = tiny_model_dir
-    quick.write_text(yaml.safe_dump(profile, sort_keys=False))
+    quick.write_text(yaml.safe_dump(_fill(yaml.safe_load(quick.read_text()) or {}, FAST), sort_keys=False))
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
     _run(["git", "init", "-q"], root, env=env)
@@ -65,6 +84,7 @@ def _lock(wd: Path) -> dict:
     return yaml.safe_load(p.read_text())["stages"] if p.exists() else {}
 
 
+@pytest.mark.timeout(1200)
 def test_killed_flow_resumes_and_records_lineage(project):
     root, wd = project["root"], project["wd"]
     env = {**project["env"], "PREFECT_API_URL": project["api"], "PYTHONPATH": str(root)}
