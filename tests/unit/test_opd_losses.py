@@ -140,3 +140,31 @@ def test_mean_logprobs_scores_only_the_action_tokens(tiny_model_dir, smol_tokeni
         ref = lp[torch.arange(len(p_ids) - 1, ids.size(1) - 1), ids[0, len(p_ids):]].mean().item()
         assert g == pytest.approx(ref, abs=1e-4)
     assert mean_logprobs(model, tok, ["x"], [""]) == [None]
+
+
+def test_encode_trajectory_masks_student_turns_and_aligns_the_privileged_teacher(smol_tokenizer_dir):
+    from apprentice.modeling import load_tokenizer
+    from apprentice.policies.toolcalls import assistant_message
+    from apprentice.training.opd.mixed import ACTOR_KEY, encode_trajectory
+    from apprentice.trajectories import Trajectory
+
+    tok = load_tokenizer(smol_tokenizer_dir)
+    tools = [{"type": "function", "function": {"name": "press", "description": "Press a key.",
+                                               "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
+    msgs = [{"role": "system", "content": "Press the keys."}, {"role": "user", "content": "Keys: a b"}]
+    for who, key in (("student", "a"), ("teacher", "b"), ("student", "b")):
+        msgs.append({**assistant_message("", [{"name": "press", "arguments": {"key": key}}]), ACTOR_KEY: who})
+        msgs.append({"role": "tool", "name": "press", "content": f"pressed {key}"})
+    traj = Trajectory("p", "keypad", "{}", "{}", 0, "mixed", 0, msgs, tools, 1.0, True, 3, False)
+    ctx = {"oracle_plan": [{"name": "press", "arguments": {"key": "a"}}]}
+    enc = encode_trajectory(traj, tok, privileged="oracle_plan", context=ctx)
+    assert enc.actors == ["student", "teacher", "student"]
+    assert sorted(set(enc.turn_index)) == [-1, 0, 1, 2]
+    trained_turns = {k for k, m in zip(enc.turn_index, enc.loss_mask, strict=True) if m}
+    assert trained_turns == {0, 2}  # the teacher's turn and the tool outputs are context only
+    text = tok.decode([t for t, m in zip(enc.completion_ids, enc.loss_mask, strict=True) if m])
+    assert text.count('"key": "a"') == 1 and text.count('"key": "b"') == 1 and "pressed" not in text
+    assert enc.teacher_prompt_ids != enc.prompt_ids
+    assert "Privileged hint" in tok.decode(enc.teacher_prompt_ids) and "Privileged" not in tok.decode(enc.prompt_ids)
+    both = encode_trajectory(traj, tok, train_teacher_turns=True)
+    assert {k for k, m in zip(both.turn_index, both.loss_mask, strict=True) if m} == {0, 1, 2}
