@@ -123,6 +123,14 @@ def deepspeed_config(stage: str) -> str | None:
     if "RANK" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
                           RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if not on_gpu() and os.environ.get("WORLD_SIZE") == "1":
+        # On CPU DeepSpeed JIT-compiles its shared-memory all-reduce op (C++, minutes on 2 busy cores,
+        # and a stale lock after an interrupted build blocks every later run) when it creates the
+        # process group. One process never communicates, so mark the op unavailable: DeepSpeed then
+        # falls back to torch.distributed (gloo), which is what it uses for the op-less path anyway.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return str(path)
 
 

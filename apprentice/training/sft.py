@@ -90,6 +90,13 @@ def sft_trl_config(sft: SFTConfig, output_dir: Path, dtype: str, **extra: Any) -
     )
 
 
+def _zero_stage(trainer: Any) -> int | None:
+    """The ZeRO stage the run really used (None without DeepSpeed): what the DeepSpeed test checks."""
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        return None
+    return int(trainer.accelerator.state.deepspeed_plugin.zero_stage)
+
+
 def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], final_dir: Path, sft: SFTConfig, *,
               dtype: str = "auto", stamp: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
               stage: str = "sft") -> dict[str, Any]:
@@ -121,6 +128,7 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
     ckpt = common.last_checkpoint(work)
     try:
         out = trainer.train(resume_from_checkpoint=ckpt)
+        zero_stage = _zero_stage(trainer)
         common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics)
     finally:
         if sft.deepspeed != "none":
@@ -131,6 +139,7 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
         "resumed_from_step": common.checkpoint_step(ckpt),
         "train_loss": float(out.training_loss),
         "examples": len(dataset),
+        "deepspeed_zero_stage": zero_stage,
         "wall_s": round(time.time() - t0, 1),
         "metrics": str(final_dir / common.METRICS_FILE),
     }

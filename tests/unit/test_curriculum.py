@@ -1,0 +1,56 @@
+"""Curriculum order and the pass-rate filter (pure functions over tables)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from apprentice.training.curriculum import (
+    PassRate,
+    filter_summary,
+    order_by_difficulty,
+    pass_rate_filter,
+    pass_rates,
+)
+
+
+def _problems(rows):
+    return pd.DataFrame([{"problem_id": pid, "level": lv, "difficulty": json.dumps(d)} for pid, lv, d in rows])
+
+
+def test_order_is_level_then_difficulty_sum_then_id():
+    df = _problems([
+        ("p_hard", 2, {"a": 0, "b": 0}),
+        ("p_mid_big", 1, {"a": 3, "b": 3}),
+        ("p_mid_small", 1, {"a": 1, "b": 0}),
+        ("p_easy_b", 0, {"a": 1, "b": 1}),
+        ("p_easy_a", 0, {"a": 2, "b": 0}),
+    ])
+    assert order_by_difficulty(df)["problem_id"].tolist() == [
+        "p_easy_a", "p_easy_b", "p_mid_small", "p_mid_big", "p_hard"]
+    # deterministic whatever the input order
+    shuffled = df.sample(frac=1.0, random_state=3)
+    assert order_by_difficulty(shuffled)["problem_id"].tolist() == order_by_difficulty(df)["problem_id"].tolist()
+
+
+def test_pass_rates_aggregate_episodes_per_problem():
+    table = pass_rates(["a", "a", "a", "b", "b"], [True, False, True, False, False])
+    assert table["a"] == PassRate(2, 3) and table["a"].rate == pytest.approx(2 / 3)
+    assert table["b"] == PassRate(0, 2)
+
+
+def test_filter_drops_always_and_never_solved_and_keeps_order():
+    ordered = ["solved", "mixed1", "never", "mixed2", "unprobed"]
+    table = {"solved": PassRate(4, 4), "mixed1": PassRate(1, 4), "never": PassRate(0, 4), "mixed2": PassRate(3, 4)}
+    kept = pass_rate_filter(ordered, table)
+    assert kept == ["mixed1", "mixed2", "unprobed"]
+    s = filter_summary(ordered, table, kept)
+    assert (s["probed"], s["always_solved"], s["never_solved"], s["kept"]) == (4, 1, 1, 3)
+
+
+def test_filter_falls_back_to_unfiltered_when_nothing_is_informative():
+    ordered = ["a", "b"]
+    with pytest.warns(UserWarning, match="always or never solved"):
+        assert pass_rate_filter(ordered, {"a": PassRate(0, 2), "b": PassRate(2, 2)}) == ordered
