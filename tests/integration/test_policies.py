@@ -111,7 +111,10 @@ def test_hf_policy_batch_is_deterministic_and_matches_single(varied_model_dir):
 def test_hf_policy_sampling_is_seeded(tiny_model_dir):
     a = HFPolicy(tiny_model_dir, temperature=1.0, max_new_tokens=8, seed=3, dtype="fp32")
     b = HFPolicy(a.model, a.tokenizer, temperature=1.0, max_new_tokens=8, seed=3, dtype="fp32")
-    assert [t.raw for t in a.act(CONVS, [TOOLS] * 3)] == [t.raw for t in b.act(CONVS, [TOOLS] * 3)]
+    first = [t.raw for t in a.act(CONVS, [TOOLS] * 3)]
+    assert first == [t.raw for t in b.act(CONVS, [TOOLS] * 3)]
+    c = HFPolicy(a.model, a.tokenizer, temperature=1.0, max_new_tokens=8, seed=4, dtype="fp32")
+    assert first != [t.raw for t in c.act(CONVS, [TOOLS] * 3)], "the seed must matter"
 
 
 # ---- OpenAICompatiblePolicy against python -m apprentice.serve ---------------------------------
