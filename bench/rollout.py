@@ -2,7 +2,8 @@
 
 Naive = what one writes first: one episode at a time, one ``model.generate`` call (batch size 1)
 per assistant turn, re-encoding the whole conversation each turn. Batched = ``run_episodes`` with
-``HFPolicy``: every live episode's next turn in one ``generate`` call. Both run the same episode
+``CachedHFPolicy``: every live episode's next turn decoded together, each conversation's KV cache
+kept across turns and the common system/tool prefix encoded once. Both run the same episode
 logic (the engine with batch_size=1 for the naive side), the same parser, the same compute dtype
 and greedy decoding, so their actions must be identical; the script checks that, then prints both
 wall times and the ratio.
@@ -35,7 +36,7 @@ from apprentice import modeling  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
 from apprentice.envs import FAMILIES  # noqa: E402
 from apprentice.policies.base import Turn  # noqa: E402
-from apprentice.policies.hf import HFPolicy  # noqa: E402
+from apprentice.policies.hf_cached import CachedHFPolicy  # noqa: E402
 from apprentice.policies.toolcalls import parse_assistant  # noqa: E402
 from apprentice.rollout import run_episodes  # noqa: E402
 from apprentice.stages.synth import plan  # noqa: E402
@@ -102,7 +103,7 @@ def main() -> int:
     tok = modeling.load_tokenizer(args.model, "compact")
     model = modeling.load_model(args.model, device="cpu")
     dtype = modeling.resolve_dtype(args.dtype, "cpu")
-    batched = HFPolicy(model, tok, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype)
+    batched = CachedHFPolicy(model, tok, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=dtype)
     naive = NaivePolicy(model, tok, args.max_new_tokens, dtype, batched.stop_ids)
     print(f"bench: {n} problems {fams}, model {args.model}, greedy, max_new_tokens={args.max_new_tokens}, "
           f"max_turns={args.max_turns}, dtype={dtype}, threads={torch.get_num_threads()}", flush=True)
@@ -111,7 +112,9 @@ def main() -> int:
     fast = run_episodes(specs, batched, max_turns=args.max_turns, batch_size=args.batch_size, progress=True)
     t_fast = time.perf_counter() - t
     tokens = sum(x.completion_tokens for x in fast)
-    print(f"batched engine: {t_fast:.1f} s  ({tokens} generated tokens, {tokens / t_fast:.1f} tok/s)", flush=True)
+    reused = batched.stats["reused_tokens"] / max(batched.stats["prompt_tokens"], 1)
+    print(f"batched engine: {t_fast:.1f} s  ({tokens} generated tokens, {tokens / t_fast:.1f} tok/s, "
+          f"{100 * reused:.0f}% of prompt tokens served from the KV cache)", flush=True)
     result: dict[str, Any] = {"problems": n, "batched_s": round(t_fast, 2), "tokens": tokens}
     if not args.skip_naive:
         t = time.perf_counter()

@@ -76,7 +76,14 @@ def build_policy(pol_cfg: PolicyConfig, cfg: Config, paths: Paths) -> Any:
     params = inspect.signature(make_policy).parameters
     extra = {k: v for k, v in (("chat_template", cfg.model.chat_template), ("dtype", cfg.model.dtype),
                                ("seed", cfg.pipeline.seed), ("root", str(paths.root))) if k in params}
-    return make_policy(pol_cfg, base, **extra)
+    pol = make_policy(pol_cfg, base, **extra)
+    from apprentice.policies.hf import HFPolicy
+
+    if isinstance(pol, HFPolicy):  # multi-turn rollouts: reuse each conversation's KV cache across turns
+        from apprentice.policies.hf_cached import CachedHFPolicy
+
+        pol = CachedHFPolicy.from_policy(pol)
+    return pol
 
 
 def model_fingerprint(ref: str) -> str:

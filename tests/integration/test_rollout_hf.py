@@ -11,6 +11,7 @@ from apprentice.config import load_config
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths
 from apprentice.policies.hf import HFPolicy
+from apprentice.policies.hf_cached import CachedHFPolicy
 from apprentice.rollout import run_episodes
 from apprentice.trajectories import problems_frame, read_parquet, write_parquet
 
@@ -46,6 +47,44 @@ def test_batched_generation_takes_the_same_actions_as_one_at_a_time(tiny_policy,
     single = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, max_new_tokens=12, batch_size=1, dtype="fp32")
     one_by_one = [run_episodes([s], single, max_turns=2, batch_size=1, progress=False)[0] for s in specs]
     assert [t.messages for t in batched] == [t.messages for t in one_by_one]
+
+
+@pytest.fixture(scope="module")
+def chatty_policy(tiny_model_dir):
+    """The tiny model with large random weights: greedy output is varied text, not one repeated token,
+    so equal transcripts really mean equal generations."""
+    import torch
+
+    pol = HFPolicy(tiny_model_dir, max_new_tokens=12, batch_size=16, dtype="fp32")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in pol.model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return pol
+
+
+def test_kv_cache_reuse_takes_the_same_actions_and_reuses_most_of_the_prompt(chatty_policy):
+    specs = _specs()
+    cached = CachedHFPolicy.from_policy(chatty_policy)
+    fast = run_episodes(specs, cached, max_turns=3, progress=False)
+    plain = run_episodes(specs, chatty_policy, max_turns=3, progress=False)
+    assert len({t.messages[2]["content"] for t in plain}) > 1  # varied output, not a degenerate model
+    assert [t.messages for t in fast] == [t.messages for t in plain]
+    assert [t.completion_tokens for t in fast] == [t.completion_tokens for t in plain]
+    # turn 1 shares each family's system prompt; later turns reuse the whole earlier conversation
+    assert cached.stats["reused_tokens"] > 0.6 * cached.stats["prompt_tokens"]
+
+
+def test_kv_cache_is_bounded_and_sampling_is_seeded(tiny_policy):
+    specs = _specs()[:4]
+    runs = []
+    for _ in range(2):
+        pol = CachedHFPolicy.from_policy(tiny_policy, cache_tokens=600)
+        pol.temperature = 1.0
+        runs.append(run_episodes(specs, pol, max_turns=2, progress=False))
+        assert sum(len(e.ids) for e in pol._store) <= 600
+    assert [t.messages for t in runs[0]] == [t.messages for t in runs[1]]
 
 
 def _project(tmp_path, n=4):
