@@ -119,7 +119,7 @@ class CachedHFPolicy(HFPolicy):
     def _encode_alone(self, ids: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor]]:
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        cache: Any = DynamicCache(config=self.model.config)  # Any: its layers' union type lacks .keys
         x = torch.tensor(ids[None, :], device=self.device)
         with torch.inference_mode(), modeling.autocast(self.dtype, self.device):
             self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
@@ -145,7 +145,7 @@ class CachedHFPolicy(HFPolicy):
         layers = len(self.model.model.layers) if hasattr(self.model, "model") else self.model.config.num_hidden_layers
 
         kdtype = self.model.dtype if self.dtype == torch.float32 else self.dtype
-        cache = StaticCache(config=self.model.config, max_cache_len=total)
+        cache: Any = StaticCache(config=self.model.config, max_cache_len=total)
         cache.early_initialization(B, self._kv_heads, self._head_dim, kdtype, self.device)
         # layout per row: [pad | reused prefix (right-aligned to C) | pad | new tokens (right-aligned to C+S)]
         mask = torch.zeros(B, total, dtype=torch.long, device=self.device)

@@ -44,8 +44,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     problems = read_parquet(paths.eval_problems)
     ec = cfg.evaluate
     choice = policy or newest_model(paths)
-    default = PolicyConfig(kind="hf", temperature=ec.temperature, max_new_tokens=ec.max_new_tokens,
-                           batch_size=ec.batch_size)
+    default = PolicyConfig.model_validate({"kind": "hf", "temperature": ec.temperature,
+                                           "max_new_tokens": ec.max_new_tokens, "batch_size": ec.batch_size})
     if choice not in (*MODEL_CHOICES, "oracle") and cfg.rollout.teacher.kind == "openai":
         default = cfg.rollout.teacher.model_copy(update={"temperature": ec.temperature,
                                                          "max_new_tokens": ec.max_new_tokens})

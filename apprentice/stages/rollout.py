@@ -74,7 +74,7 @@ def build_policy(pol_cfg: PolicyConfig, cfg: Config, paths: Paths) -> Any:
         torch.set_num_threads(cfg.model.threads)
     base = model_dir("base", cfg, paths)
     params = inspect.signature(make_policy).parameters
-    extra = {k: v for k, v in (("chat_template", cfg.model.chat_template), ("dtype", cfg.model.dtype),
+    extra: dict[str, Any] = {k: v for k, v in (("chat_template", cfg.model.chat_template), ("dtype", cfg.model.dtype),
                                ("seed", cfg.pipeline.seed), ("root", str(paths.root))) if k in params}
     pol = make_policy(pol_cfg, base, **extra)
     from apprentice.policies.hf import HFPolicy
@@ -96,7 +96,7 @@ def model_fingerprint(ref: str) -> str:
     for f in sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")):
         h.update(f.name.encode())
         with f.open("rb") as fh:
-            for block in iter(lambda fh=fh: fh.read(1 << 22), b""):
+            while block := fh.read(1 << 22):
                 h.update(block)
     return h.hexdigest()
 
