@@ -23,6 +23,7 @@ STAGES = {
     "rl": "rl",
     "distill": "distill",
     "evaluate": "evaluate",
+    "evaluate-all": "evaluate_all",
     "promote": "promote",
     "report": "report",
     "evolve": "evolve",

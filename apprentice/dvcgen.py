@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from apprentice.config import ConfigError, load_raw
+from apprentice.stages.evaluate_all import POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,7 +56,7 @@ CODE: dict[str, list[str]] = {
            "apprentice/envs", "apprentice/templates"],
     "distill": ["apprentice/stages/distill.py", "apprentice/training", "apprentice/modeling.py",
                 "apprentice/templates"],
-    "evaluate": ["apprentice/stages/evaluate.py", "apprentice/evaluation.py", "apprentice/rollout.py",
+    "evaluate": ["apprentice/stages/evaluate_all.py", "apprentice/stages/evaluate.py", "apprentice/evaluation.py", "apprentice/rollout.py",
                  "apprentice/policies", "apprentice/envs", "apprentice/templates"],
     "promote": ["apprentice/stages/promote.py", "apprentice/lineage.py", "apprentice/evaluation.py"],
     "report": ["apprentice/stages/report.py"],
@@ -117,24 +118,19 @@ def _params(raw: dict[str, Any], stage: str) -> list[str]:
 
 
 def _code(stage: str, prefix: str, repo: Path) -> list[str]:
-    own = f"apprentice/stages/{_module(stage)}.py"  # always listed: a missing module should fail loudly
+    own = CODE[stage][0]  # always listed: a missing module should fail loudly
     return [prefix + p for p in CODE[stage] if p == own or (repo / p).exists()]
 
 
-def _module(stage: str) -> str:
-    return {"prepare-base": "prepare_base", "teacher-rollout": "rollout"}.get(stage, stage)
-
-
 #: Policies the ``evaluate`` stage scores on the held-out problems (the table ``make run`` prints).
-EVAL_POLICIES = ["base", "sft", "rl", "student"]
+EVAL_POLICIES = list(POLICIES)
+#: CLI verb per pipeline stage where they differ (one process evaluates every policy).
+VERB = {"evaluate": "evaluate-all"}
 
 
 def _cmd(stage: str, iteration: int | None) -> str:
     it = "" if iteration is None else f" --iter {iteration}"
-    base = f"python -m apprentice {stage} --params params.yaml --root .{it}"
-    if stage == "evaluate":
-        return " && ".join(f"{base} --policy {p}" for p in EVAL_POLICIES)
-    return base
+    return f"python -m apprentice {VERB.get(stage, stage)} --params params.yaml --root .{it}"
 
 
 def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[str, Any]:

@@ -210,7 +210,8 @@ def _dataset(path: str, workdir: Path, md5: str) -> Any:
     if full.suffix == ".parquet" and full.is_file():
         import pandas as pd
 
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # schema hints about integer columns
             return mlflow.data.from_pandas(pd.read_parquet(full), source=source, name=path, digest=md5[:32])
     return MetaDataset(source, name=path, digest=md5[:32])
 
