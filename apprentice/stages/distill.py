@@ -65,6 +65,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
             records = to_sft_records(read_parquet(paths.sft_data))
             result["warmup"] = train_sft(student, tok, records, warm_dir, warm_cfg, dtype=cfg.model.dtype,
                                          stamp={"phase": "warmup"}, stage="student_warmup")
+            result["warmup"]["metrics"] = str(paths.student_model / common.METRICS_FILE)  # merged there
             student = str(warm_dir)
     student_model = load_model(student, dtype="fp32") if isinstance(student, str) else student
     result["student_params"] = num_params(student_model)

@@ -197,3 +197,30 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
     init = pruned.state_dict()
     trained = student.state_dict()
     assert sum(not torch.equal(trained[k], init[k]) for k in init) > 0
+
+
+def test_sft_horizon_cuts_at_turn_boundaries_and_lora_saves_a_merged_plain_model(tmp_path, tiny_model_dir):
+    from apprentice.config import SFTConfig
+    from apprentice.modeling import load_tokenizer
+    from apprentice.training.sft import apply_horizon, train_sft
+
+    tok = load_tokenizer(tiny_model_dir)
+    tools = EchoEnv.tool_schemas()
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "say", "arguments": {"word": "red"}}}]}
+    messages = [{"role": "system", "content": "Say the word."}, {"role": "user", "content": "Word: red"},
+                call, {"role": "tool", "name": "say", "content": "Wrong."},
+                call, {"role": "tool", "name": "say", "content": "Wrong."},
+                call, {"role": "tool", "name": "say", "content": "Correct."}]
+    record = {"messages": messages, "tools": tools}
+    assert apply_horizon(record, tok, 0) is record  # 0 = no horizon
+    assert len(apply_horizon(record, tok, 10_000)["messages"]) == 7  # whole episode, ends on the last call
+    assert len(apply_horizon(record, tok, 1)["messages"]) == 3  # at least the first assistant turn
+    two_turns = apply_horizon(record, tok, 60)["messages"]
+    assert two_turns[-1]["role"] == "assistant" and 3 <= len(two_turns) < 7
+
+    sft = SFTConfig(max_steps=1, batch_size=2, max_length=128, lora=True, lora_r=4, horizon_tokens=60)
+    result = train_sft(tiny_model_dir, tok, [record, record], tmp_path / "lora", sft, dtype="fp32")
+    assert result["steps"] == 1
+    assert not (tmp_path / "lora" / "adapter_config.json").exists()  # merged: a plain HF folder
+    assert _changed(tmp_path / "lora", tiny_model_dir) > 0
