@@ -186,6 +186,15 @@ class MetricsCallback(TrainerCallback):
             f.write(json.dumps(row) + "\n")
 
 
+def trim_metrics(path: Path, stage: str, upto_step: int) -> None:
+    """Drop ``stage``'s rows logged after ``upto_step``: a run that died after its last checkpoint
+    logged steps the resumed (or restarted, ``upto_step=0``) run will log again."""
+    rows = read_metrics(path)
+    keep = [r for r in rows if r.get("stage") != stage or r.get("step", 0) <= upto_step]
+    if len(keep) != len(rows):
+        Path(path).write_text("".join(json.dumps(r) + "\n" for r in keep))
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():

@@ -126,13 +126,14 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
         max_tool_calling_iterations=rl.max_tool_calls, beta=rl.beta, shuffle_dataset=False,
         remove_unused_columns=False,
     )
+    ckpt = common.last_checkpoint(work)
+    common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
     trainer = CurriculumGRPOTrainer(
         model=model, reward_funcs=list(reward_funcs) or None, args=args, train_dataset=dataset,
         processing_class=tokenizer, environment_factory=dict(classes),
         callbacks=[common.MetricsCallback(metrics, stage), *callbacks],
         rollout_dtype="bf16" if args.bf16 else "fp32",
     )
-    ckpt = common.last_checkpoint(work)
     out = trainer.train(resume_from_checkpoint=ckpt)
     rows = common.read_metrics(metrics)
     common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics,

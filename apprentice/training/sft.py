@@ -120,12 +120,13 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
         model = load_model(model, dtype="fp32")  # fp32 master weights; bf16 runs as autocast
     model.train()
     args = sft_trl_config(sft, work, dtype)
+    ckpt = common.last_checkpoint(work)
+    common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora_config(sft.lora_r) if sft.lora else None,
         callbacks=[common.MetricsCallback(metrics, stage), *callbacks],
     )
-    ckpt = common.last_checkpoint(work)
     try:
         out = trainer.train(resume_from_checkpoint=ckpt)
         zero_stage = _zero_stage(trainer)
