@@ -144,12 +144,15 @@ def make_trainer(distill: DistillConfig, *, student: Any, teacher: Any, tokenize
     from apprentice.training.opd.trainer import make_trainer as make_opd_trainer
 
     specs = [ProblemSpec.from_json(s) for s in dict.fromkeys(dataset["spec"])]
+    recipe = opd.recipe_for(apprentice_cfg)
     return make_opd_trainer(
-        opd.recipe_for(apprentice_cfg), student=student, teacher=teacher, tokenizer=tokenizer, specs=specs,
+        recipe, student=student, specs=specs, tokenizer=tokenizer,
+        # privileged self-distillation: the teacher is the student itself plus privileged context
+        teacher=None if getattr(recipe, "privileged", "none") != "none" else teacher,
         output_dir=str(output_dir), max_steps=distill.max_steps, batch_size=distill.batch_size,
         learning_rate=distill.learning_rate, beta=divergence_beta(distill), seed=distill.seed, dtype=dtype,
-        save_steps=distill.save_steps, turn_tokens=distill.max_completion_length,
-        max_turns=distill.opd.max_turns, callbacks=callbacks,
+        save_steps=distill.save_steps, temperature=distill.opd.temperature,
+        turn_tokens=distill.max_completion_length, max_turns=distill.opd.max_turns, callbacks=callbacks,
     )
 
 
