@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 
 def _specs():
-    return [FAMILIES[f].generate(seed, level) for f in ("grid", "search") for level in (0, 2) for seed in (1, 2)]
+    return [FAMILIES[f].generate(seed, level) for f in ("grid", "search") for level, seed in ((0, 1), (2, 2))]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def tiny_policy(tiny_model_dir):
 
 def test_tiny_model_rollout_records_tokens_and_counts_bad_output(tiny_policy):
     specs = _specs()
-    trajs = run_episodes(specs, tiny_policy, max_turns=2, levels=[0, 0, 2, 2] * 2, progress=False)
+    trajs = run_episodes(specs, tiny_policy, max_turns=2, levels=[0, 2] * 2, progress=False)
     assert [t.problem_id for t in trajs] == [s.problem_id for s in specs]
     for t in trajs:
         assert t.policy_id == tiny_policy.policy_id and t.turns == 2 and t.truncated and not t.success
@@ -39,14 +39,6 @@ def test_tiny_model_rollout_records_tokens_and_counts_bad_output(tiny_policy):
         assert [m["role"] for m in t.messages] == ["system", "user", "assistant", "user", "assistant", "user"]
         assert t.prompt_tokens > 100 and 0 < t.completion_tokens <= 2 * 12
         assert t.tools == FAMILIES[t.family].tool_schemas()
-
-
-def test_batched_generation_takes_the_same_actions_as_one_at_a_time(tiny_policy, tiny_model_dir):
-    specs = _specs()
-    batched = run_episodes(specs, tiny_policy, max_turns=2, progress=False)
-    single = HFPolicy(tiny_policy.model, tiny_policy.tokenizer, max_new_tokens=12, batch_size=1, dtype="fp32")
-    one_by_one = [run_episodes([s], single, max_turns=2, batch_size=1, progress=False)[0] for s in specs]
-    assert [t.messages for t in batched] == [t.messages for t in one_by_one]
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +56,12 @@ def chatty_policy(tiny_model_dir):
     return pol
 
 
-def test_kv_cache_reuse_takes_the_same_actions_and_reuses_most_of_the_prompt(chatty_policy):
+def test_kv_cache_reuse_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy):
     specs = _specs()
     cached = CachedHFPolicy.from_policy(chatty_policy)
     fast = run_episodes(specs, cached, max_turns=3, progress=False)
-    plain = run_episodes(specs, chatty_policy, max_turns=3, progress=False)
+    single = HFPolicy(chatty_policy.model, chatty_policy.tokenizer, max_new_tokens=12, batch_size=1, dtype="fp32")
+    plain = [run_episodes([s], single, max_turns=3, batch_size=1, progress=False)[0] for s in specs]
     assert len({t.messages[2]["content"] for t in plain}) > 1  # varied output, not a degenerate model
     assert [t.messages for t in fast] == [t.messages for t in plain]
     assert [t.completion_tokens for t in fast] == [t.completion_tokens for t in plain]
@@ -77,13 +70,13 @@ def test_kv_cache_reuse_takes_the_same_actions_and_reuses_most_of_the_prompt(cha
 
 
 def test_kv_cache_is_bounded_and_sampling_is_seeded(tiny_policy):
-    specs = _specs()[:4]
+    specs = _specs()[::2]
     runs = []
     for _ in range(2):
-        pol = CachedHFPolicy.from_policy(tiny_policy, cache_tokens=600)
+        pol = CachedHFPolicy.from_policy(tiny_policy, cache_tokens=300)
         pol.temperature = 1.0
         runs.append(run_episodes(specs, pol, max_turns=2, progress=False))
-        assert sum(len(e.ids) for e in pol._store) <= 600
+        assert sum(len(e.ids) for e in pol._store) <= 300
     assert [t.messages for t in runs[0]] == [t.messages for t in runs[1]]
 
 
