@@ -62,6 +62,9 @@ def project(tmp_path_factory, prefect_api):
             shutil.copy2(src, root / name)
     quick = root / "apprentice/profiles/quick.yaml"
     quick.write_text(yaml.safe_dump(_fill(yaml.safe_load(quick.read_text()) or {}, FAST), sort_keys=False))
+    store = root / "mlflow.db"
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}"  # before env is copied: the flow subprocess too
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
     _run(["git", "init", "-q"], root, env=env)
@@ -69,9 +72,6 @@ def project(tmp_path_factory, prefect_api):
     _run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], root, env=env)
     _run(["git", "add", "-A"], root, env=env)
     _run(["git", "commit", "-qm", "init"], root, env=env)
-    store = root / "mlflow.db"
-    old = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}"
     yield {"root": root, "wd": root / "runs" / "quick", "api": prefect_api, "env": env}
     if old is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
