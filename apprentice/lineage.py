@@ -28,7 +28,7 @@ import os
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ def git_commit(repo: str | os.PathLike[str]) -> str:
 def close_stale_runs(iteration: int, profile: str) -> int:
     """Mark runs of an interrupted earlier attempt of this iteration KILLED; returns how many."""
     runs = MlflowClient().search_runs(
-        [mlflow.tracking.fluent._get_experiment_id()],
+        [str(mlflow.tracking.fluent._get_experiment_id())],
         f"tags.`{TAG_ITER}` = '{iteration}' and tags.`{TAG_PROFILE}` = '{profile}' and attributes.status = 'RUNNING'")
     for r in runs:
         MlflowClient().set_terminated(r.info.run_id, status="KILLED")
@@ -212,12 +212,13 @@ def _dataset(path: str, workdir: Path, md5: str) -> Any:
 
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # schema hints about integer columns
-            return mlflow.data.from_pandas(pd.read_parquet(full), source=source, name=path, digest=md5[:32])
-    return MetaDataset(source, name=path, digest=md5[:32])
+            df = pd.read_parquet(full)
+            return mlflow.data.from_pandas(df, source=source, name=path, digest=md5[:32])  # type: ignore[attr-defined]
+    return MetaDataset(source, name=path, digest=md5[:32])  # type: ignore[abstract]
 
 
 def log_stage(run_id: str, stage: str, workdir: Path, executed: bool, params: Mapping[str, Any],
-              metrics_files: list[Path] = (), result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              metrics_files: Sequence[Path] = (), result: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Log one stage into its nested run: params, DVC hashes and datasets, per-step metrics."""
     client = MlflowClient()
     entry = dvc_lock_entry(workdir, stage)
@@ -369,9 +370,9 @@ def store_summary(experiment: str, model_name: str) -> str:
     nested = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     datasets = sum(len(r.inputs.dataset_inputs) for r in runs if r.inputs)
     try:
-        versions = client.search_model_versions(f"name='{model_name}'")
+        n_versions = len(client.search_model_versions(f"name='{model_name}'"))
     except mlflow.exceptions.MlflowException:
-        versions = []
+        n_versions = 0
     return (f"{len(runs) - len(nested)} iteration runs, {len(nested)} stage runs, {datasets} dataset inputs, "
-            f"{len(versions)} versions of '{model_name}', aliases {aliases(model_name) or '{}'}")
+            f"{n_versions} versions of '{model_name}', aliases {aliases(model_name) or '{}'}")
 

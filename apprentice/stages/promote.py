@@ -111,7 +111,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         lineage.set_tags(run_id, record)
         lineage.tag_version(name, version, {"promotion": record["promote.decision"],
                                             "promotion_reason": decision["reason"]})
-    champion_now = version if decision["promote"] else champ["version"]
+    champion_now = version if decision["promote"] or champ is None else champ["version"]
     out = {"registered_model": name, "version": int(version), "candidate": cand, "promoted": decision["promote"],
            "reason": decision["reason"], "champion_version": int(champion_now),
            "champion_before": int(champ["version"]) if champ else 0, "challenger_success": success,
