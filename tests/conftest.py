@@ -50,5 +50,5 @@ def prefect_api():
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=90):
+    with prefect_test_harness(server_startup_timeout=240):  # a loaded 2-core box needs minutes
         yield PREFECT_API_URL.value()
