@@ -135,7 +135,7 @@ def test_sft_deepspeed_zero2_runs_on_cpu_through_the_cli(tmp_path, tiny_model_di
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_training as t; from apprentice.envs import FAMILIES; "
             "FAMILIES['echo'] = t.EchoEnv; from apprentice.__main__ import main; "
             f"sys.exit(main(['sft', '--params', {str(params)!r}, '--root', {str(tmp_path)!r}]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout[proc.stdout.index("{\n"):])  # the CLI prints the stage summary last
     assert result["deepspeed_zero_stage"] == 2 and result["steps"] == 1
