@@ -118,7 +118,8 @@ class RLConfig(Section):
     max_tool_calls: int = Field(4, ge=1)
     learning_rate: float = Field(5e-6, gt=0)
     beta: float = Field(0.0, ge=0)
-    curriculum: Literal["difficulty", "random"] = "difficulty"
+    curriculum: Literal["difficulty", "random", "sampler"] = Field(
+        "difficulty", description="'sampler' = order the probed problems with curriculum.sampler (issue B).")
     probe_samples: int = Field(4, ge=0, description="Pass-rate probe per problem (0 = no filter).")
     probe_problems: int = Field(16, ge=1)
     save_steps: int = Field(2, ge=1)

@@ -36,6 +36,12 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
         return ordered, {"candidates": len(ids), "probed": 0, "kept": len(ids)}
     probe_rows = ordered.head(cfg.rl.probe_problems)
     table = probe_pass_rates(cfg, probe_rows, model, tokenizer)
+    if cfg.rl.curriculum == "sampler":  # issue B samplers (pass_band, dtac, hdc, aes) pick from the probe
+        from apprentice import samplers
+
+        picked = samplers.order_problems(probe_rows, samplers.table_from_rates(table, probe_rows), cfg.curriculum)
+        summary = curriculum.filter_summary(ids, table, picked["problem_id"].tolist())
+        return picked, {**summary, "sampler": cfg.curriculum.sampler}
     kept = curriculum.pass_rate_filter(ids, table)
     summary = curriculum.filter_summary(ids, table, kept)
     by_id = ordered.set_index("problem_id", drop=False)

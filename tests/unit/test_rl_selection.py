@@ -1,0 +1,49 @@
+"""The RL stage's problem selection: difficulty order + pass-rate filter, or an issue-B sampler.
+
+The probe (sampled rollouts of the current model) is replaced by a fixed pass-rate table so the
+selection rule itself is what is tested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from apprentice.config import load_config
+from apprentice.envs import FAMILIES
+from apprentice.stages import rl as rl_stage
+from apprentice.training.curriculum import PassRate
+from apprentice.trajectories import problems_frame
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _problems(n: int = 6):
+    grid = FAMILIES["grid"]
+    specs = [grid.generate(seed=i, level=i % 3) for i in range(n)]
+    return problems_frame(specs, [i % 3 for i in range(n)], "train")
+
+
+def _with_rates(monkeypatch, problems, rates):
+    table = {pid: PassRate(s, 4) for pid, s in zip(problems["problem_id"], rates, strict=True)}
+    monkeypatch.setattr(rl_stage, "probe_pass_rates", lambda cfg, rows, m, t: {p: table[p] for p in rows["problem_id"]})
+
+
+def test_pass_rate_filter_drops_always_and_never_solved(monkeypatch):
+    problems = _problems()
+    _with_rates(monkeypatch, problems, [0, 4, 2, 1, 3, 4])
+    cfg = load_config(ROOT / "params.yaml", overrides=["rl.probe_problems=6", "rl.probe_samples=4"])
+    kept, summary = rl_stage.select_problems(cfg, problems, None, None)
+    rates = dict(zip(problems["problem_id"], [0, 4, 2, 1, 3, 4], strict=True))
+    assert sorted(rates[p] for p in kept["problem_id"]) == [1, 2, 3]
+    assert summary["never_solved"] == 1 and summary["always_solved"] == 2
+
+
+def test_sampler_curriculum_uses_curriculum_sampler(monkeypatch):
+    problems = _problems()
+    _with_rates(monkeypatch, problems, [0, 4, 2, 1, 3, 4])
+    cfg = load_config(ROOT / "params.yaml", overrides=[
+        "rl.curriculum=sampler", "rl.probe_problems=6", "rl.probe_samples=4",
+        "curriculum.sampler=pass_band", "curriculum.p_star=0.5", "curriculum.band=0.1"])
+    picked, summary = rl_stage.select_problems(cfg, problems, None, None)
+    rates = dict(zip(problems["problem_id"], [0, 4, 2, 1, 3, 4], strict=True))
+    assert [rates[p] for p in picked["problem_id"]] == [2]  # only pass rate 0.5 lies within 0.1 of p*
+    assert summary["sampler"] == "pass_band"
