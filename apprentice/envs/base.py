@@ -136,6 +136,15 @@ class Environment:
             ax.check(int(difficulty[ax.name]))
         return ProblemSpec(cls.family, seed, dict(difficulty), generation)
 
+    @classmethod
+    def generate(cls, seed: int, level: int | None = None, generation: int = 0) -> ProblemSpec:
+        """A spec at ``level`` (or a random difficulty) whose oracle earns 1.0 on replay."""
+        return cls.generate_from(seed, cls.sample_difficulty(random.Random(seed), level), generation)
+
+    @classmethod
+    def generate_from(cls, seed: int, difficulty: Mapping[str, int], generation: int = 0) -> ProblemSpec:
+        return generate_solvable(cls, seed, difficulty, generation)
+
     # ---- episode ----------------------------------------------------------------------------
     def reset(self, **row: Any) -> str:
         """Rebuild the episode from ``row['spec']`` (JSON or ProblemSpec) and return the task text.

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from apprentice.envs import register
 from apprentice.envs._text import clip, words
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, generate_solvable
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
 
 Pos = tuple[int, int]
 State = tuple[Pos, int, int]  # position, bitmask of keys held, bitmask of doors opened
@@ -243,15 +243,6 @@ class GridEnv(Environment):
         size = rng.randint(4, 9)
         return {"size": size, "obstacles": rng.randint(0, 4), "keys": rng.randint(0, min(2, (size - 1) // 2)),
                 "budget_slack": rng.randint(0, 6)}
-
-    @classmethod
-    def generate(cls, seed: int, level: int | None = None, generation: int = 0) -> ProblemSpec:
-        """A spec at ``level`` (or a random difficulty) whose oracle earns 1.0 on replay."""
-        return cls.generate_from(seed, cls.sample_difficulty(random.Random(seed), level), generation)
-
-    @classmethod
-    def generate_from(cls, seed: int, difficulty: dict[str, int], generation: int = 0) -> ProblemSpec:
-        return generate_solvable(cls, seed, difficulty, generation)
 
     # ---- episode ------------------------------------------------------------------------------
     def _build(self, spec: ProblemSpec) -> str:

@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from apprentice.envs import register
 from apprentice.envs._text import clip, norm, words
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, generate_solvable
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
 
 PROFESSIONS = ("painter", "baker", "sailor", "scholar", "healer", "smith", "weaver", "miner", "poet",
                "judge", "farmer", "scribe")
@@ -182,15 +182,6 @@ class SearchEnv(Environment):
         if level is not None:
             return dict(LEVELS[min(max(level, 0), len(LEVELS) - 1)])
         return super().sample_difficulty(rng, None)
-
-    @classmethod
-    def generate(cls, seed: int, level: int | None = None, generation: int = 0) -> ProblemSpec:
-        """A spec at ``level`` (or a random difficulty) whose oracle earns 1.0 on replay."""
-        return cls.generate_from(seed, cls.sample_difficulty(random.Random(seed), level), generation)
-
-    @classmethod
-    def generate_from(cls, seed: int, difficulty: dict[str, int], generation: int = 0) -> ProblemSpec:
-        return generate_solvable(cls, seed, difficulty, generation)
 
     # ---- episode ------------------------------------------------------------------------------
     def _build(self, spec: ProblemSpec) -> str:
