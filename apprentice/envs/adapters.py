@@ -25,7 +25,7 @@ from collections import deque
 from typing import Any, ClassVar
 
 from apprentice.envs import FAMILIES, register
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, generate_solvable
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
 
 __all__ = ["ensure", "register_reasoning_gym", "register_toytext"]
 
@@ -77,12 +77,6 @@ class ReasoningGymEnv(Environment):
             cfg = cur.generate_configuration({"seed": spec.seed, "size": 1})
             return rg.create_dataset(cls.dataset, **{k: v for k, v in vars(cfg).items()})
         return rg.create_dataset(cls.dataset, seed=spec.seed, size=1)
-
-    @classmethod
-    def generate(cls, seed: int, level: int | None = None, generation: int = 0) -> ProblemSpec:
-        import random
-
-        return generate_solvable(cls, seed, cls.sample_difficulty(random.Random(seed), level), generation)
 
     def _build(self, spec: ProblemSpec) -> str:
         self._ds = self._dataset_for(spec)
@@ -159,12 +153,6 @@ class ToyTextEnv(Environment):
     @classmethod
     def sample_difficulty(cls, rng: Any, level: int | None = None) -> dict[str, int]:
         return _level_difficulty(cls.axes, rng, level, ("budget_slack",))
-
-    @classmethod
-    def generate(cls, seed: int, level: int | None = None, generation: int = 0) -> ProblemSpec:
-        import random
-
-        return generate_solvable(cls, seed, cls.sample_difficulty(random.Random(seed), level), generation)
 
     def _make(self, spec: ProblemSpec) -> Any:
         raise NotImplementedError
