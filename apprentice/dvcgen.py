@@ -38,7 +38,7 @@ from apprentice.stages.evaluate_all import POLICIES
 REPO = Path(__file__).resolve().parent.parent
 
 #: Per-iteration stages, in execution order (also the Prefect flow's order).
-ITERATION_STAGES = ["synth", "teacher-rollout", "validate", "sft", "rl", "distill", "evaluate",
+ITERATION_STAGES = ["synth", "evolve", "teacher-rollout", "validate", "sft", "rl", "distill", "evaluate",
                     "promote", "report"]
 
 #: Code each stage runs (relative to the repo); paths that do not exist yet are left out, so the
@@ -47,6 +47,7 @@ ITERATION_STAGES = ["synth", "teacher-rollout", "validate", "sft", "rl", "distil
 CODE: dict[str, list[str]] = {
     "prepare-base": ["apprentice/stages/prepare_base.py", "apprentice/modeling.py"],
     "synth": ["apprentice/stages/synth.py", "apprentice/envs", "apprentice/trajectories.py"],
+    "evolve": ["apprentice/stages/evolve.py", "apprentice/envs", "apprentice/trajectories.py"],
     "teacher-rollout": ["apprentice/stages/rollout.py", "apprentice/rollout.py", "apprentice/policies",
                         "apprentice/envs", "apprentice/templates"],
     "validate": ["apprentice/stages/validate.py", "apprentice/gates.py", "expectations"],
@@ -66,6 +67,7 @@ CODE: dict[str, list[str]] = {
 PARAMS: dict[str, list[str]] = {
     "prepare-base": ["model", "pipeline.seed"],
     "synth": ["synth", "pipeline.seed"],
+    "evolve": ["curriculum.evolve"],
     "teacher-rollout": ["rollout", "pipeline.seed"],
     "validate": ["validate"],
     "sft": ["sft", "model", "pipeline.seed"],
@@ -114,7 +116,7 @@ EXCLUDE = ("curriculum.evolve",)
 
 def _params(raw: dict[str, Any], stage: str) -> list[str]:
     keys = [k for entry in PARAMS[stage] for k in _leaf_keys(raw, entry)]
-    return [k for k in keys if not k.startswith(EXCLUDE)]
+    return [k for k in keys if stage == "evolve" or not k.startswith(EXCLUDE)]
 
 
 def _code(stage: str, prefix: str, repo: Path) -> list[str]:
@@ -156,6 +158,9 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
         io: dict[str, dict[str, list[Any]]] = {
             "synth": {"deps": [f"{prev['data']}/eval"] if prev else [],
                       "outs": [f"{d}/problems.parquet", f"{d}/eval_problems.parquet"]},
+            # off-policy: generation 0 of iteration k is iteration k-1's last generation
+            "evolve": {"deps": [f"{prev['data']}/evolve"] if prev else [], "outs": [f"{d}/evolve"],
+                       "metrics": [{f"{d}/evolve.json": {"cache": False}}]},
             "teacher-rollout": {"deps": [f"{d}/problems.parquet"], "outs": [f"{d}/teacher.parquet"]},
             "validate": {"deps": [f"{d}/problems.parquet", f"{d}/eval_problems.parquet", f"{d}/teacher.parquet"],
                          "outs": [f"{d}/sft.parquet", {f"{r}/gate.html": {"cache": False}}],

@@ -40,6 +40,7 @@ from apprentice.config import load_config  # noqa: E402
 from tasks._dvc import StageContext  # noqa: E402
 from tasks.distill import distill  # noqa: E402
 from tasks.evaluate import evaluate  # noqa: E402
+from tasks.evolve import evolve  # noqa: E402
 from tasks.prepare_base import prepare_base  # noqa: E402
 from tasks.promote import promote  # noqa: E402
 from tasks.report import report  # noqa: E402
@@ -49,7 +50,7 @@ from tasks.sft import sft  # noqa: E402
 from tasks.synth import synth  # noqa: E402
 from tasks.validate import validate  # noqa: E402
 
-TASKS = {"synth": synth, "teacher-rollout": rollout, "validate": validate, "sft": sft, "rl": rl,
+TASKS = {"synth": synth, "evolve": evolve, "teacher-rollout": rollout, "validate": validate, "sft": sft, "rl": rl,
          "distill": distill, "evaluate": evaluate, "promote": promote, "report": report}
 assert list(TASKS) == dvcgen.ITERATION_STAGES, "flow and dvc.yaml must list the same stages"
 

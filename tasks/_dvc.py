@@ -40,7 +40,7 @@ class StageContext:
 
 
 #: JSON files a stage writes whose flat numbers are logged as run metrics (relative to the workdir).
-_RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "promote": ["reports/iter_{k}/promotion.json"],
+_RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "evolve": ["data/iter_{k}/evolve.json"], "promote": ["reports/iter_{k}/promotion.json"],
                  "evaluate": [f"data/iter_{{k}}/eval/{p}.json" for p in dvcgen.EVAL_POLICIES]}
 _ARTIFACTS = {"validate": ["reports/iter_{k}/gate.html", "reports/iter_{k}/gate.json"],
               "promote": ["reports/iter_{k}/promotion.json"],

@@ -93,7 +93,8 @@ def summarize(ref: pd.DataFrame) -> dict[str, Any]:
             row["drop_p_value"] = float(fisher_exact([[k0, n0 - k0], [k, n - k]], alternative="greater")[1])
         gens.append(row)
     falls = all(b["pass_rate"] < a["pass_rate"] for a, b in zip(gens, gens[1:], strict=False))
-    return {"generations": gens, "monotone_fall": falls}
+    return {"generations": gens, "monotone_fall": falls,
+            "pass_rate": {f"gen_{g['generation']}": g["pass_rate"] for g in gens}}  # flat: MLflow metrics
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:

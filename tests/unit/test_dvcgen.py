@@ -27,6 +27,10 @@ def test_iterations_chain_and_per_key_params():
     assert "rl.learning_rate" in stages["rl-1"]["params"]
     assert not any(p.startswith("rl.") for s in ("synth-1", "sft-1", "validate-1") for p in stages[s].get("params", []))
     assert "apprentice/stages/rl.py" in stages["rl-1"]["deps"]
+    # evolution: its own params, generation 0 of iteration 2 from iteration 1's generations
+    assert "curriculum.evolve.generations" in stages["evolve-1"]["params"]
+    assert not any(p.startswith("curriculum.evolve") for p in stages["rl-1"]["params"])
+    assert "data/iter_1/evolve" in stages["evolve-2"]["deps"] and stages["evolve-1"]["outs"] == ["data/iter_1/evolve"]
 
 
 def test_profile_gets_its_own_work_dir(tmp_path):
