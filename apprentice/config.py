@@ -188,6 +188,9 @@ class EvaluateConfig(Section):
     temperature: float = Field(0.0, ge=0)
     max_new_tokens: int = Field(96, ge=1)
     batch_size: int = Field(50, ge=1)
+    max_format_errors: int = Field(
+        2, ge=0, description="End an episode after this many consecutive unparseable turns (0 = never); "
+        "also used by the RL probe.")
 
 
 class PromoteConfig(Section):

@@ -71,7 +71,8 @@ PARAMS: dict[str, list[str]] = {
     "teacher-rollout": ["rollout", "pipeline.seed"],
     "validate": ["validate"],
     "sft": ["sft", "model", "pipeline.seed"],
-    "rl": ["rl", "curriculum", "model", "pipeline.seed"],
+    "rl": ["rl", "curriculum", "model", "pipeline.seed",  # + the probe's generation settings
+           "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors"],
     "distill": ["distill", "model", "pipeline.seed"],
     "evaluate": ["evaluate", "model", "pipeline.seed"],
     "promote": ["promote"],

@@ -44,6 +44,10 @@ warnings.filterwarnings("ignore", message=".*noload.*")  # SQLAlchemy 2.1 deprec
 import mlflow  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
+# mlflow.data infers a schema when a dataset input is logged and warns about every integer column
+# (a hint for model signatures, irrelevant to dataset lineage); once per dataset it flooded the log.
+warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer", category=UserWarning)
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 TAG_ITER, TAG_PROFILE, TAG_KIND = "apprentice.iteration", "apprentice.profile", "apprentice.kind"
 

@@ -10,6 +10,10 @@ Episodes finish independently (reward reached or turn budget spent) and drop out
 Malformed model output never crashes a run: a turn with ``parse_error`` (or with no tool call where
 one is required) is answered with an error observation telling the agent the expected format, and
 counted in ``parse_errors``; tool observations starting with ``Error`` count as ``tool_errors``.
+``max_format_errors`` > 0 ends an episode after that many *consecutive* unparseable turns (reward
+0, ``stopped = "format_errors"`` in ``extra``): a model that has not learned the format (the base
+model, a freshly pruned student) otherwise spends its whole turn budget producing prose, which made
+evaluating it cost as much as evaluating a working agent.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class _Episode:
     context: dict[str, Any] = field(default_factory=dict)
     turns: int = 0
     parse_errors: int = 0
+    format_streak: int = 0  # consecutive unparseable turns (max_format_errors)
+    stopped: str = ""
     tool_errors: int = 0
     tool_calls: int = 0
     prompt_tokens: int = 0
@@ -117,6 +123,7 @@ def run_episodes(
     seed: int = 0,
     require_tool_call: bool = True,
     env_factory: Callable[[ProblemSpec], Environment] | None = None,
+    max_format_errors: int = 0,
 ) -> list[Trajectory]:
     """Run ``samples_per_problem`` episodes of every spec with ``policy``; return one Trajectory each.
 
@@ -124,6 +131,7 @@ def run_episodes(
     fills ``Trajectory.level``; otherwise pass ``levels`` (one per spec, or problem_id -> level).
     ``max_turns`` > 0 caps every episode's own budget (``env._turn_budget()``). Each round makes
     one ``policy.act`` call per ``batch_size`` live episodes. ``seed`` seeds torch (sampling).
+    ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
     Results are ordered by (spec, sample index).
     """
     if isinstance(specs, pd.DataFrame):
@@ -184,7 +192,7 @@ def run_episodes(
                         "Policy.act must return exactly one Turn per conversation"
                     )
                 for ep, turn in zip(chunk, turns, strict=True):
-                    _apply(ep, turn, fmt, require_tool_call)
+                    _apply(ep, turn, fmt, require_tool_call, max_format_errors)
                     gen_tokens += turn.completion_tokens
                     if ep.finished:
                         ep.wall_s = time.perf_counter() - t0
@@ -218,7 +226,7 @@ def _default_env(spec: ProblemSpec) -> Environment:
     return cls()
 
 
-def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool) -> None:
+def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_format_errors: int = 0) -> None:
     """Append the assistant turn and its observations; update counters and the finish state."""
     ep.turns += 1
     ep.prompt_tokens += int(turn.prompt_tokens)
@@ -241,8 +249,10 @@ def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool) -> None:
         msg.pop("tool_calls", None)  # a failed parse must not leave half a call in the transcript
         ep.messages.append(msg)
         ep.parse_errors += 1
+        ep.format_streak += 1
         ep.messages.append({"role": "user", "content": _format_error(error, names, fmt)})
     else:
+        ep.format_streak = 0
         ep.messages.append(msg)
         for call in calls:
             if ep.env.done:
@@ -255,6 +265,8 @@ def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool) -> None:
 
     if ep.env.done:
         ep.finished = True
+    elif max_format_errors > 0 and ep.format_streak >= max_format_errors:
+        ep.finished, ep.stopped = True, "format_errors"
     elif ep.turns >= ep.budget:
         ep.finished = ep.truncated = True
 
@@ -289,5 +301,5 @@ def _trajectory(ep: _Episode, policy_id: str) -> Trajectory:
         prompt_tokens=ep.prompt_tokens,
         completion_tokens=ep.completion_tokens,
         wall_s=round(ep.wall_s, 4),
-        extra={"budget": ep.budget, "tool_calls": ep.tool_calls},
+        extra={"budget": ep.budget, "tool_calls": ep.tool_calls, **({"stopped": ep.stopped} if ep.stopped else {})},
     )

@@ -52,7 +52,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     name, pol_cfg = resolve_policy(choice, default, cfg, paths)
     out_dir = Path(out) if out else paths.eval_dir
     pq, js = out_dir / f"{name}.parquet", out_dir / f"{name}.json"
-    fp = fingerprint(problems, pol_cfg, cfg, samples=ec.samples_per_problem)
+    fp = fingerprint(problems, pol_cfg, cfg, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors)
 
     df = existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
     skipped = df is not None
@@ -60,7 +60,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         pol = build_policy(pol_cfg, cfg, paths)
         trajs = run_episodes(problems, pol, samples_per_problem=ec.samples_per_problem,
                              batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed,
-                             policy_id=name)
+                             policy_id=name, max_format_errors=ec.max_format_errors)
         df = trajectories_frame(trajs)
         df.attrs[FINGERPRINT_KEY] = fp
         write_parquet(df, pq)

@@ -49,7 +49,7 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
 
 
 def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
-    from apprentice.policies.hf import HFPolicy
+    from apprentice.policies.hf_cached import CachedHFPolicy
     from apprentice.rollout import run_episodes
     from apprentice.training.curriculum import pass_rates
 
@@ -57,13 +57,15 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
     model.eval()
     # Probe what GRPO can do: its episodes stop after rl.max_tool_calls tool calls and
     # rl.max_completion_length tokens, so no probe turn needs more tokens or the episode more turns.
-    policy = HFPolicy(model, tokenizer, temperature=1.0,
+    # the KV-cache-reusing policy: ~2x faster than re-encoding every turn (the probe of the default
+    # profile took 3.6 min with plain HFPolicy)
+    policy = CachedHFPolicy(model, tokenizer, temperature=1.0,
                       max_new_tokens=min(cfg.evaluate.max_new_tokens, cfg.rl.max_completion_length),
                       batch_size=cfg.evaluate.batch_size, dtype=cfg.model.dtype, seed=cfg.rl.seed,
                       policy_id="rl-probe")
     trajs = run_episodes(problems, policy, samples_per_problem=cfg.rl.probe_samples,
                          max_turns=cfg.rl.max_tool_calls, batch_size=cfg.evaluate.batch_size,
-                         seed=cfg.rl.seed, progress=True)
+                         seed=cfg.rl.seed, progress=True, max_format_errors=cfg.evaluate.max_format_errors)
     model.train(was_training)
     return pass_rates([t.problem_id for t in trajs], [t.success for t in trajs])
 
@@ -79,7 +81,8 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
     start = str(paths.sft_model)
     common.require_model(start)
     stamp = common.fingerprint({"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(),
-                                "probe": [cfg.evaluate.max_new_tokens, cfg.evaluate.batch_size]},
+                                "probe": [cfg.evaluate.max_new_tokens, cfg.evaluate.batch_size,
+                                          cfg.evaluate.max_format_errors]},
                                [paths.problems, paths.sft_model])
     if common.is_done(paths.rl_model, stamp):
         return {"model": str(paths.rl_model), "skipped": True, "reason": "outputs up to date"}

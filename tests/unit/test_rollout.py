@@ -167,6 +167,21 @@ def test_parse_errors_become_observations_and_are_counted():
     assert not any(m.get("tool_calls") for m in t.messages[2:7])  # no half call left in the transcript
 
 
+def test_consecutive_format_errors_end_the_episode_when_asked():
+    prose = FnPolicy(lambda conv: Turn({"role": "assistant", "content": "Sure! Let me think."}))
+    (t,) = run_episodes(_specs([3]), prose, env_factory=_env, progress=False, max_format_errors=2)
+    assert (t.turns, t.parse_errors, t.success, t.truncated, t.extra["stopped"]) == (2, 2, False, False, "format_errors")
+    (full,) = run_episodes(_specs([3]), prose, env_factory=_env, progress=False)  # default: never stop early
+    assert full.turns == full.extra["budget"] and "stopped" not in full.extra
+
+    def recovers(conv):  # error, good call, error, good call...: the streak resets, the episode goes on
+        n = sum(m["role"] == "assistant" for m in conv)
+        return Turn({"role": "assistant", "content": "hm"}) if n % 2 == 0 else _turn(ToolCall("inc", {}))
+
+    (r,) = run_episodes(_specs([2]), FnPolicy(recovers), env_factory=_env, progress=False, max_format_errors=2)
+    assert r.parse_errors == 2 and "stopped" not in r.extra
+
+
 def test_tool_errors_are_counted_and_do_not_stop_the_episode():
     script = [ToolCall("fly", {}), ToolCall("jump", {"by": -1}), ToolCall("jump", {"height": 2}),
               ToolCall("jump", {"by": 3}), ToolCall("submit", {})]
