@@ -29,6 +29,9 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     sft = teacher[teacher["success"].astype(bool)] if v.success_only else teacher
     # SFT learns only complete episodes whose every tool call is well-formed (the suite re-checks it).
     sft = sft[~sft["truncated"].astype(bool) & gates.tool_calls_valid(sft)].reset_index(drop=True)
+    # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
+    # yields a byte-identical SFT set, and DVC does not retrain SFT (10 min on CPU) for nothing.
+    sft = sft.drop(columns=["wall_s"], errors="ignore")
 
     checks = [
         ("problems", problems, "problems", {"splits": ["train"], "forbidden_ids": eval_ids}),

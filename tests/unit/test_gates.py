@@ -64,6 +64,12 @@ def test_clean_data_passes_and_writes_success_only_sft_set(clean):
     assert sft["success"].all() and not sft["truncated"].any()
     summary = json.loads((clean.reports / "gate.json").read_text())
     assert summary["passed"] and summary["failed"] == 0 and summary["expectations"] >= 20
+    # same episodes, different timings: the SFT set (DVC dep of sft) stays byte-identical
+    first = clean.sft_data.read_bytes()
+    teacher = pd.read_parquet(clean.teacher_trajectories)
+    write_parquet(teacher.assign(wall_s=teacher["wall_s"] + 1.5), clean.teacher_trajectories)
+    validate.run(_cfg(), clean)
+    assert clean.sft_data.read_bytes() == first and "wall_s" not in sft.columns
 
 
 def test_bad_rows_fail_the_gate_with_readable_report(clean, tmp_path):
