@@ -147,8 +147,10 @@ def test_killed_flow_resumes_and_records_lineage(project):
     assert lineage.aliases(name) == {"champion": "1", "challenger": "1"}  # first model: champion
     mv = c.get_model_version(name, "1")
     assert mv.run_id == names["promote-1"].info.run_id
-    distill_md5 = next(o["md5"] for o in lock["distill-1"]["outs"] if o["path"] == "models/iter_1/student")
-    assert mv.tags["dvc_md5"] == distill_md5 and mv.tags["weights_path"] == "models/iter_1/student"
+    cand = yaml.safe_load((wd / "params.yaml").read_text())["promote"]["candidate"]  # the model it registers
+    producer = {"sft": "sft-1", "rl": "rl-1", "student": "distill-1"}[cand]
+    cand_md5 = next(o["md5"] for o in lock[producer]["outs"] if o["path"] == f"models/iter_1/{cand}")
+    assert mv.tags["dvc_md5"] == cand_md5 and mv.tags["weights_path"] == f"models/iter_1/{cand}"
     assert (wd / "reports/iter_1/curves/sft.png").stat().st_size > 1000
     assert (wd / "reports/iter_1/gate.html").exists()
 

@@ -42,12 +42,12 @@ def store(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _iteration(root: Path, k: int, successes: list[bool]) -> Paths:
+def _iteration(root: Path, k: int, successes: list[bool], candidate: str) -> Paths:
     paths = Paths(root, k)
     held = pd.DataFrame({"problem_id": IDS, "split": "eval"})
     write_parquet(held, paths.eval_problems)
-    write_parquet(_episodes(successes, "student"), paths.eval_dir / "student.parquet")
-    paths.student_model.mkdir(parents=True, exist_ok=True)  # referenced, never read
+    write_parquet(_episodes(successes, candidate), paths.eval_dir / f"{candidate}.parquet")
+    getattr(paths, f"{candidate}_model").mkdir(parents=True, exist_ok=True)  # referenced, never read
     return paths
 
 
@@ -56,21 +56,22 @@ def test_champion_stays_when_challenger_is_worse(store):
     from apprentice.stages import promote
 
     cfg = load_config(REPO / "params.yaml")
-    first = promote.run(cfg, _iteration(store, 1, [True] * 20 + [False] * 10))
+    cand = cfg.promote.candidate
+    first = promote.run(cfg, _iteration(store, 1, [True] * 20 + [False] * 10, cand))
     assert first["promoted"] and first["champion_version"] == 1 and "first" in first["reason"]
 
-    worse = promote.run(cfg, _iteration(store, 2, [True] * 8 + [False] * 22))
+    worse = promote.run(cfg, _iteration(store, 2, [True] * 8 + [False] * 22, cand))
     assert not worse["promoted"] and worse["version"] == 2 and worse["champion_version"] == 1
     assert "not better" in worse["reason"] and worse["p_value"] < 0.05
     name = cfg.promote.registered_model
     assert lineage.aliases(name) == {"champion": "1", "challenger": "2"}
     v2 = lineage.alias_version(name, "challenger")
     assert v2["tags"]["promotion"] == "kept" and "not better" in v2["tags"]["promotion_reason"]
-    assert v2["tags"]["weights_path"] == "models/iter_2/student"  # a reference, not a copy
+    assert v2["tags"]["weights_path"] == f"models/iter_2/{cand}"  # a reference, not a copy
     record = json.loads((store / "reports/iter_2/promotion.json").read_text())
     assert record["promoted"] is False and record["champion_before"] == 1
 
-    better = promote.run(cfg, _iteration(store, 3, [True] * 30))
+    better = promote.run(cfg, _iteration(store, 3, [True] * 30, cand))
     assert better["promoted"] and lineage.aliases(name) == {"champion": "3", "challenger": "3"}
 
 
