@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, DVC_NO_ANALYTICS="1", DO_NOT_TRACK="true", MLFLOW_DISABLE_TELEMETRY="true",
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = str(args.workdir)  # stages import the clone's code, not the checkout's editable install
     pipe = args.workdir if args.profile == "default" else args.workdir / "runs" / args.profile
     if not args.collect_only:
         pipe = prepare(args.workdir, args.profile, env)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from typing import Any
 
 import pandas as pd
@@ -40,6 +41,11 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
         from apprentice import samplers
 
         picked = samplers.order_problems(probe_rows, samplers.table_from_rates(table, probe_rows), cfg.curriculum)
+        if picked.empty:  # nothing the sampler accepts (a policy that solves nothing): the filter's fallback
+            warnings.warn(f"curriculum sampler '{cfg.curriculum.sampler}' picked none of the {len(probe_rows)} probed "
+                          "problems; training on the unfiltered order (expect ~zero GRPO gradient). Probe more "
+                          "problems (rl.probe_problems) or widen the band (curriculum.band).", stacklevel=2)
+            picked = ordered
         summary = curriculum.filter_summary(ids, table, picked["problem_id"].tolist())
         return picked, {**summary, "sampler": cfg.curriculum.sampler}
     kept = curriculum.pass_rate_filter(ids, table)

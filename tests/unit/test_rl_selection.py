@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from apprentice.config import load_config
 from apprentice.envs import FAMILIES
 from apprentice.stages import rl as rl_stage
@@ -47,3 +49,13 @@ def test_sampler_curriculum_uses_curriculum_sampler(monkeypatch):
     rates = dict(zip(problems["problem_id"], [0, 4, 2, 1, 3, 4], strict=True))
     assert [rates[p] for p in picked["problem_id"]] == [2]  # only pass rate 0.5 lies within 0.1 of p*
     assert summary["sampler"] == "pass_band"
+
+
+def test_sampler_that_picks_nothing_falls_back_to_the_whole_order(monkeypatch):
+    problems = _problems()
+    _with_rates(monkeypatch, problems, [0] * 6)  # a policy that solves nothing: outside every pass band
+    cfg = load_config(ROOT / "params.yaml", overrides=["rl.curriculum=sampler", "curriculum.sampler=pass_band",
+                                                         "rl.probe_problems=6", "rl.probe_samples=4"])
+    with pytest.warns(UserWarning, match="picked none"):
+        kept, summary = rl_stage.select_problems(cfg, problems, None, None)
+    assert len(kept) == 6 and summary["sampler"] == "pass_band"
