@@ -66,24 +66,27 @@ def run_experiments(pipe: Path, samplers: list[str], env: dict[str, str]) -> Non
         sh([*dvc, "-n", f"sampler-{s}", "-S", "rl.curriculum=sampler", "-S", f"curriculum.sampler={s}"], pipe, env)
 
 
-def collect(pipe: Path, env: dict[str, str]) -> list[dict]:
-    """One row per experiment from ``dvc exp show --json``: name, sampler, held-out success per model."""
-    out = sh([sys.executable, "-m", "dvc", "exp", "show", "--json", "-q"], pipe, env)
+def collect(pipe: Path, env: dict[str, str], prefix: str) -> list[dict]:
+    """One row per experiment from ``dvc exp show --json``: name, sampler, held-out success per model.
+
+    ``prefix`` is the pipeline's path in the repo (``runs/quick/``; empty for default): DVC reports the
+    params and metrics of every pipeline in the repo, keyed by repo-relative path."""
+    out = sh([sys.executable, "-m", "dvc", "exp", "show", "--json"], pipe, env)
     data = json.loads(out[out.index("["):])
     rows = []
     for commit in data:
         for exp in commit.get("experiments") or []:
             for rev in exp.get("revs") or []:
                 d = rev.get("data") or {}
-                params = next(iter((d.get("params") or {}).values()), {}).get("data", {})
+                params = (d.get("params") or {}).get(f"{prefix}params.yaml", {}).get("data", {})
                 row = {"experiment": rev.get("name") or exp.get("name"),
                        "curriculum": params.get("rl", {}).get("curriculum"),
                        "sampler": params.get("curriculum", {}).get("sampler")}
                 for path, m in (d.get("metrics") or {}).items():
                     name = Path(path).stem
-                    if "/eval/" in path and name in ("rl", "sft", "student"):
+                    if path.startswith(f"{prefix}data/") and "/eval/" in path and name in ("rl", "sft", "student"):
                         md = m.get("data", {})
-                        row[name] = (md.get("success_rate"), *(md.get("success_ci") or [None, None]))
+                        row[name] = (md.get("success_rate"), md.get("success_ci_low"), md.get("success_ci_high"))
                 rows.append(row)
     return sorted(rows, key=lambda r: (r["experiment"] != "baseline", r["experiment"] or ""))
 
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.collect_only:
         pipe = prepare(args.workdir, args.profile, env)
         run_experiments(pipe, args.samplers, env)
-    rows = collect(pipe, env)
+    rows = collect(pipe, env, "" if args.profile == "default" else f"runs/{args.profile}/")
     md = table(rows, args.profile)
     print(md)
     print(json.dumps(rows, indent=1))
