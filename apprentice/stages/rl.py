@@ -66,9 +66,9 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
     # the KV-cache-reusing policy: ~2x faster than re-encoding every turn (the probe of the default
     # profile took 3.6 min with plain HFPolicy)
     policy = CachedHFPolicy(model, tokenizer, temperature=1.0,
-                      max_new_tokens=min(cfg.evaluate.max_new_tokens, cfg.rl.max_completion_length),
-                      batch_size=cfg.evaluate.batch_size, dtype=cfg.model.dtype, seed=cfg.rl.seed,
-                      policy_id="rl-probe")
+                            max_new_tokens=min(cfg.evaluate.max_new_tokens, cfg.rl.max_completion_length),
+                            batch_size=cfg.evaluate.batch_size, dtype=cfg.model.dtype, seed=cfg.rl.seed,
+                            policy_id="rl-probe")
     trajs = run_episodes(problems, policy, samples_per_problem=cfg.rl.probe_samples,
                          max_turns=cfg.rl.max_tool_calls, batch_size=cfg.evaluate.batch_size,
                          seed=cfg.rl.seed, progress=True, max_format_errors=cfg.evaluate.max_format_errors)
