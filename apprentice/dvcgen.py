@@ -57,8 +57,8 @@ CODE: dict[str, list[str]] = {
            "apprentice/envs", "apprentice/templates"],
     "distill": ["apprentice/stages/distill.py", "apprentice/training", "apprentice/modeling.py",
                 "apprentice/templates"],
-    "evaluate": ["apprentice/stages/evaluate_all.py", "apprentice/stages/evaluate.py", "apprentice/evaluation.py", "apprentice/rollout.py",
-                 "apprentice/policies", "apprentice/envs", "apprentice/templates"],
+    "evaluate": ["apprentice/stages/evaluate.py", "apprentice/stages/rollout.py", "apprentice/evaluation.py",
+                 "apprentice/rollout.py", "apprentice/policies", "apprentice/envs", "apprentice/templates"],
     "promote": ["apprentice/stages/promote.py", "apprentice/lineage.py", "apprentice/evaluation.py"],
     "report": ["apprentice/stages/report.py"],
 }
@@ -97,6 +97,17 @@ def stage_name(stage: str, iteration: int | None = None) -> str:
     return stage if iteration is None else f"{stage}-{iteration}"
 
 
+def dvc_stages(stage: str, iteration: int | None = None) -> list[str]:
+    """The DVC stages behind pipeline stage ``stage``: itself, except ``evaluate``, one per model.
+
+    Why one DVC stage per evaluated model: DVC then re-evaluates only the models that changed. An RL
+    experiment (``dvc exp run evaluate-rl-1 -S ...``) reruns RL and its own evaluation, not the base
+    and SFT evaluations nor distillation; a distillation change re-evaluates only the student."""
+    if stage == "evaluate" and iteration is not None:
+        return [f"evaluate-{p}-{iteration}" for p in EVAL_POLICIES]
+    return [stage_name(stage, iteration)]
+
+
 def _leaf_keys(raw: dict[str, Any], dotted: str) -> list[str]:
     node: Any = raw
     for part in dotted.split("."):
@@ -127,13 +138,11 @@ def _code(stage: str, prefix: str, repo: Path) -> list[str]:
 
 #: Policies the ``evaluate`` stage scores on the held-out problems (the table ``make run`` prints).
 EVAL_POLICIES = list(POLICIES)
-#: CLI verb per pipeline stage where they differ (one process evaluates every policy).
-VERB = {"evaluate": "evaluate-all"}
 
 
-def _cmd(stage: str, iteration: int | None) -> str:
+def _cmd(stage: str, iteration: int | None, extra: str = "") -> str:
     it = "" if iteration is None else f" --iter {iteration}"
-    return f"python -m apprentice {VERB.get(stage, stage)} --params params.yaml --root .{it}"
+    return f"python -m apprentice {stage}{extra} --params params.yaml --root .{it}"
 
 
 def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[str, Any]:
@@ -171,8 +180,10 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                     "outs": [f"{m}/sft"]},
             "rl": {"deps": [f"{m}/sft", f"{d}/problems.parquet"], "outs": [f"{m}/rl"]},
             "distill": {"deps": [f"{m}/rl", f"{d}/sft.parquet", f"{d}/problems.parquet"], "outs": [f"{m}/student"]},
-            "evaluate": {"deps": [f"{d}/eval_problems.parquet", *base_deps, f"{m}/sft", f"{m}/rl",
-                                  f"{m}/student"], "outs": [f"{d}/eval"]},
+            # one DVC stage per model (dvc_stages): deps = the held-out problems + that model's folder
+            "evaluate": {"deps": [f"{d}/eval_problems.parquet"], "outs": [],
+                         "per_model": {"base": base_deps, "sft": [f"{m}/sft"], "rl": [f"{m}/rl"],
+                                       "student": [f"{m}/student"]}},
             "promote": {"deps": [f"{d}/eval"], "outs": [],
                         "metrics": [{f"{r}/promotion.json": {"cache": False}}]},
             "report": {"deps": [f"{m}/{out}/metrics.jsonl" for _, out in CURVES] + [f"{d}/eval"],
@@ -186,7 +197,14 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                 spec["outs"] = io[stage]["outs"]
             if "metrics" in io[stage]:
                 spec["metrics"] = io[stage]["metrics"]
-            stages[stage_name(stage, k)] = spec
+            if stage != "evaluate":
+                stages[stage_name(stage, k)] = spec
+                continue
+            for policy, name in zip(EVAL_POLICIES, dvc_stages(stage, k), strict=True):
+                stages[name] = {**spec, "params": list(spec.get("params", [])),  # a copy: no YAML anchors
+                                "cmd": _cmd(stage, k, f" --policy {policy}"),
+                                "deps": spec["deps"] + io[stage]["per_model"][policy],
+                                "outs": [f"{d}/eval/{policy}.parquet", f"{d}/eval/{policy}.json"]}
         metrics.extend(f"{d}/eval/{p}.json" for p in EVAL_POLICIES)
         plots.extend({f"{r}/curves/{name}.csv": {"x": "step", "y": "loss", "title": f"iteration {k}: {name} loss"}}
                      for name, _ in CURVES)

@@ -170,11 +170,19 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def dvc_lock_entry(workdir: Path, stage: str) -> dict[str, Any]:
+def dvc_lock_entry(workdir: Path, stage: str | Sequence[str]) -> dict[str, Any]:
+    """``dvc.lock``'s entry for ``stage``; for several stages, their deps and outs merged (by path)."""
     lock = Path(workdir) / "dvc.lock"
     if not lock.exists():
         return {}
-    return (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage, {})
+    entries = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    if isinstance(stage, str):
+        return entries.get(stage, {})
+    merged: dict[str, dict[str, Any]] = {"deps": {}, "outs": {}}
+    for name in stage:
+        for kind in merged:
+            merged[kind].update({item["path"]: item for item in entries.get(name, {}).get(kind, [])})
+    return {kind: list(items.values()) for kind, items in merged.items()}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -221,9 +229,10 @@ def _dataset(path: str, workdir: Path, md5: str) -> Any:
     return MetaDataset(source, name=path, digest=md5[:32])  # type: ignore[abstract]
 
 
-def log_stage(run_id: str, stage: str, workdir: Path, executed: bool, params: Mapping[str, Any],
+def log_stage(run_id: str, stage: str | Sequence[str], workdir: Path, executed: bool, params: Mapping[str, Any],
               metrics_files: Sequence[Path] = (), result: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Log one stage into its nested run: params, DVC hashes and datasets, per-step metrics."""
+    """Log one stage (or the DVC stages behind it) into its nested run: params, DVC hashes and
+    datasets, per-step metrics."""
     client = MlflowClient()
     entry = dvc_lock_entry(workdir, stage)
     client.set_tag(run_id, "dvc.executed", str(executed))

@@ -8,9 +8,12 @@ What it does, all through DVC (nothing here trains or evaluates by itself):
      rewrites ``params.yaml`` in the workspace it runs in), links ``.venv``, copies an existing
      ``models/base`` and records it with ``dvc commit`` (so prepare-base is not rebuilt), generates
      the profile's pipeline (``runs/<profile>`` for non-default profiles) and commits it there;
-  2. ``dvc exp run -n baseline -S rl.curriculum=difficulty`` (the whole iteration once), then one
-     ``dvc exp run -n sampler-<s> -S rl.curriculum=sampler -S curriculum.sampler=<s>`` per sampler. DVC
-     reruns only ``rl`` and what follows it (synth, rollout, validate and SFT stay cached);
+  2. ``dvc exp run -n baseline -S rl.curriculum=difficulty evaluate-sft-1 evaluate-rl-1`` (the iteration
+     up to RL and the evaluations of SFT and RL), then one ``dvc exp run -n sampler-<s> -S
+     rl.curriculum=sampler -S curriculum.sampler=<s> evaluate-sft-1 evaluate-rl-1`` per sampler. DVC
+     reruns only ``rl-1`` and ``evaluate-rl-1`` (synth, rollout, validate, SFT and the SFT evaluation
+     stay cached; distillation is not a target). ``--full`` runs the whole iteration per experiment
+     instead (adds distillation, the student's evaluation, promotion and the report: ~2x the time);
   3. reads ``dvc exp show --json`` and prints / writes a Markdown table of each experiment's held-out
      success (RL model and student, with 95 % Wilson intervals) and, with ``--figure``, a PNG.
 
@@ -59,11 +62,16 @@ def prepare(work: Path, profile: str, env: dict[str, str]) -> Path:
     return pipe
 
 
-def run_experiments(pipe: Path, samplers: list[str], env: dict[str, str]) -> None:
+#: What each experiment reproduces unless ``--full``: RL and the evaluations the comparison reads.
+TARGETS = ["evaluate-sft-1", "evaluate-rl-1"]
+
+
+def run_experiments(pipe: Path, samplers: list[str], env: dict[str, str], targets: list[str]) -> None:
     dvc = [sys.executable, "-m", "dvc", "exp", "run"]
-    sh([*dvc, "-n", "baseline", "-S", "rl.curriculum=difficulty"], pipe, env)
+    sh([*dvc, "-n", "baseline", "-S", "rl.curriculum=difficulty", *targets], pipe, env)
     for s in samplers:
-        sh([*dvc, "-n", f"sampler-{s}", "-S", "rl.curriculum=sampler", "-S", f"curriculum.sampler={s}"], pipe, env)
+        sh([*dvc, "-n", f"sampler-{s}", "-S", "rl.curriculum=sampler", "-S", f"curriculum.sampler={s}", *targets],
+           pipe, env)
 
 
 def collect(pipe: Path, env: dict[str, str], prefix: str) -> list[dict]:
@@ -79,7 +87,7 @@ def collect(pipe: Path, env: dict[str, str], prefix: str) -> list[dict]:
             for rev in exp.get("revs") or []:
                 d = rev.get("data") or {}
                 params = (d.get("params") or {}).get(f"{prefix}params.yaml", {}).get("data", {})
-                row = {"experiment": rev.get("name") or exp.get("name"),
+                row = {"experiment": rev.get("name") or exp.get("name"), "rev": rev.get("rev"),
                        "curriculum": params.get("rl", {}).get("curriculum"),
                        "sampler": params.get("curriculum", {}).get("sampler")}
                 for path, m in (d.get("metrics") or {}).items():
@@ -88,19 +96,61 @@ def collect(pipe: Path, env: dict[str, str], prefix: str) -> list[dict]:
                         md = m.get("data", {})
                         row[name] = (md.get("success_rate"), md.get("success_ci_low"), md.get("success_ci_high"))
                 rows.append(row)
-    return sorted(rows, key=lambda r: (r["experiment"] != "baseline", r["experiment"] or ""))
+    rows = sorted(rows, key=lambda r: (r["experiment"] != "baseline", r["experiment"] or ""))
+    paired_vs_baseline(rows, pipe, prefix)
+    return rows
+
+
+def paired_vs_baseline(rows: list[dict], pipe: Path, prefix: str) -> None:
+    """McNemar of each experiment's RL model against the baseline's, on the same held-out episodes.
+
+    The per-episode tables are DVC outputs of each experiment commit, read through ``dvc.api``: the
+    intervals of two 40-problem evaluations overlap for any plausible difference, the paired test on
+    the discordant problems is the sharper question."""
+    import io
+
+    import dvc.api
+    import pandas as pd
+
+    from apprentice.evaluation import paired_test
+
+    def table_of(rev: str) -> pd.DataFrame | None:
+        repo = pipe.parents[1] if prefix else pipe  # runs/<profile>/ lives two levels below the repo
+        try:
+            raw = dvc.api.read(f"{prefix}data/iter_1/eval/rl.parquet", repo=str(repo), rev=rev, mode="rb")
+        except Exception as e:  # an experiment that failed before evaluating RL
+            print(f"(no RL episodes at {rev}: {e.__class__.__name__})")
+            return None
+        return pd.read_parquet(io.BytesIO(raw))
+
+    base = next((r for r in rows if r["experiment"] == "baseline" and r.get("rev")), None)
+    ref = table_of(base["rev"]) if base else None
+    for r in rows:
+        if ref is None or r is base or not r.get("rev"):
+            continue
+        df = table_of(r["rev"])
+        if df is not None:
+            t = paired_test(df, ref)
+            r["vs_baseline"] = (t["a_only"], t["b_only"], t["p_value"])
 
 
 def table(rows: list[dict], profile: str) -> str:
     def cell(v: tuple | None) -> str:
         return "n/a" if not v or v[0] is None else f"{v[0]:.0%} [{v[1]:.0%}, {v[2]:.0%}]"
 
-    lines = [f"| experiment ({profile}) | RL order | sampler | SFT success | RL success | student success |",
-             "|---|---|---|---|---|---|"]
+    def paired(r: dict) -> str:
+        v = r.get("vs_baseline")
+        return "-" if not v else f"{v[0]} / {v[1]}, p = {v[2]:.2g}"
+
+    student = any(r.get("student") and r["student"][0] is not None for r in rows)
+    lines = [f"| experiment ({profile}) | RL order | sampler | SFT success | RL success | RL vs baseline: "
+             f"only this / only baseline, McNemar |{' student success |' if student else ''}",
+             f"|---|---|---|---|---|---|{'---|' if student else ''}"]
     for r in rows:
         sampler = r["sampler"] if r["curriculum"] == "sampler" else "-"
+        extra = f" {cell(r.get('student'))} |" if student else ""
         lines.append(f"| {r['experiment']} | {r['curriculum']} | {sampler} | {cell(r.get('sft'))} | "
-                     f"{cell(r.get('rl'))} | {cell(r.get('student'))} |")
+                     f"{cell(r.get('rl'))} | {paired(r)} |{extra}")
     return "\n".join(lines)
 
 
@@ -112,13 +162,17 @@ def figure(rows: list[dict], path: Path, profile: str) -> None:
 
     names = [r["experiment"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    for j, (model, color) in enumerate((("rl", "tab:blue"), ("student", "tab:orange"))):
+    models = [("sft", "tab:gray"), ("rl", "tab:blue")]
+    if any(r.get("student") and r["student"][0] is not None for r in rows):
+        models.append(("student", "tab:orange"))
+    width = 0.8 / len(models)
+    for j, (model, color) in enumerate(models):
         for i, r in enumerate(rows):
             v = r.get(model)
             if not v or v[0] is None:
                 continue
-            x = i + (j - 0.5) * 0.3
-            ax.bar(x, v[0], width=0.3, color=color, label=model if i == 0 else None)
+            x = i + (j - (len(models) - 1) / 2) * width
+            ax.bar(x, v[0], width=width, color=color, label=model if i == 0 else None)
             ax.errorbar(x, v[0], yerr=[[v[0] - v[1]], [v[2] - v[0]]], color="k", capsize=3)
     ax.set_xticks(range(len(names)), names, rotation=15)
     ax.set_ylabel("held-out success (95 % CI)")
@@ -138,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--figure", type=Path, help="write a PNG of the comparison here")
     p.add_argument("--markdown", type=Path, help="write the Markdown table here")
     p.add_argument("--collect-only", action="store_true", help="read the experiments of an earlier sweep")
+    p.add_argument("--full", action="store_true", help="run the whole iteration per experiment (adds the student)")
     args = p.parse_args(argv)
     env = dict(os.environ, DVC_NO_ANALYTICS="1", DO_NOT_TRACK="true", MLFLOW_DISABLE_TELEMETRY="true",
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -146,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     pipe = args.workdir if args.profile == "default" else args.workdir / "runs" / args.profile
     if not args.collect_only:
         pipe = prepare(args.workdir, args.profile, env)
-        run_experiments(pipe, args.samplers, env)
+        run_experiments(pipe, args.samplers, env, [] if args.full else TARGETS)
     rows = collect(pipe, env, "" if args.profile == "default" else f"runs/{args.profile}/")
     md = table(rows, args.profile)
     print(md)

@@ -59,9 +59,9 @@ def stage_env(repo: Path, run_id: str | None) -> dict[str, str]:
     return env
 
 
-def dvc_repro(target: str, workdir: Path, env: dict[str, str]) -> tuple[int, str, bool]:
-    """``dvc repro --single-item target``, streaming its output; returns (rc, tail, executed)."""
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", target], cwd=workdir,
+def dvc_repro(targets: list[str], workdir: Path, env: dict[str, str]) -> tuple[int, str, bool]:
+    """``dvc repro --single-item *targets``, streaming its output; returns (rc, tail, executed)."""
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", *targets], cwd=workdir,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     tail: deque[str] = deque(maxlen=60)
     executed = False
@@ -87,16 +87,17 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
     """Run one stage of iteration ``ctx.iteration`` through DVC inside a nested MLflow run."""
     repo, wd, k = Path(ctx.repo), Path(ctx.workdir), ctx.iteration
     name = dvcgen.stage_name(stage, k)
+    targets = [f"dvc.yaml:{s}" for s in dvcgen.dvc_stages(stage, k)]  # evaluate: one DVC stage per model
     raw = yaml.safe_load((wd / "params.yaml").read_text()) or {}
     params = {key: raw.get(key.split(".")[0]) for key in dvcgen.PARAMS[stage] if "." not in key}
     fmt = {"k": k}
     if ctx.parent_run_id is None:  # no lineage (e.g. prepare-base outside an iteration)
-        rc, tail, executed = dvc_repro(f"dvc.yaml:{name}", wd, stage_env(repo, None))
+        rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, None))
         if rc:
             raise StageFailed(f"stage {name} failed (exit {rc}); last output:\n{tail}")
         return {"stage": name, "executed": executed}
     with lineage.stage_run(ctx.parent_run_id, name, k or 0, ctx.profile) as run_id:
-        rc, tail, executed = dvc_repro(f"dvc.yaml:{name}", wd, stage_env(repo, run_id))
+        rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, run_id))
         lineage.log_artifacts(run_id, [wd / p.format(**fmt) for p in _ARTIFACTS.get(stage, [])])
         if rc:
             lineage.set_tags(run_id, {"dvc.executed": str(executed), "error": tail[-4000:]})
@@ -106,5 +107,5 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
             f = wd / p.format(**fmt)
             result.update(_flat_numbers(f, f"{f.stem}." if stage == "evaluate" else ""))
         step_files = [wd / _STEP_METRICS[stage].format(**fmt)] if stage in _STEP_METRICS else []
-        logged = lineage.log_stage(run_id, name, wd, executed, params, step_files, result)
+        logged = lineage.log_stage(run_id, dvcgen.dvc_stages(stage, k), wd, executed, params, step_files, result)
     return {"stage": name, "executed": executed, "run_id": run_id, **logged, "result": result}

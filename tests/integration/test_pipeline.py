@@ -178,7 +178,8 @@ def test_rl_param_change_invalidates_only_rl_and_after(project):
         params.write_text(before)
     assert set(status) == {"rl-1"}, status  # only rl's own params changed
     would_run = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
-    assert "rl-1" in would_run and would_run <= {"rl-1", "distill-1", "evaluate-1", "promote-1", "report-1"}, would_run
+    assert "rl-1" in would_run and would_run <= {"rl-1", "distill-1", "evaluate-rl-1", "evaluate-student-1",
+                                                 "promote-1", "report-1"}, would_run  # base/sft evals stay cached
 
 
 def test_bad_rows_stop_the_flow_at_the_gate(project):

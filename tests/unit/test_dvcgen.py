@@ -21,7 +21,7 @@ def test_iterations_chain_and_per_key_params():
     raw = load_raw(REPO / "params.yaml")
     raw["pipeline"]["iterations"] = 2
     stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
-    assert [s for s in stages if s.endswith("-2")] == [f"{s}-2" for s in dvcgen.ITERATION_STAGES]
+    assert [s for s in stages if s.endswith("-2")] == [n for s in dvcgen.ITERATION_STAGES for n in dvcgen.dvc_stages(s, 2)]
     assert "data/iter_1/eval" in stages["synth-2"]["deps"]  # evolution reads the previous results
     assert "reports/iter_1/promotion.json" in stages["sft-2"]["deps"]  # SFT starts from the champion
     assert "rl.learning_rate" in stages["rl-1"]["params"]
@@ -44,3 +44,19 @@ def test_profile_gets_its_own_work_dir(tmp_path):
     spec = yaml.safe_load((wd / "dvc.yaml").read_text())
     assert "../../apprentice/stages/sft.py" in spec["stages"]["sft-1"]["deps"]
     assert spec["stages"]["sft-1"]["cmd"] == "python -m apprentice sft --params params.yaml --root . --iter 1"
+
+
+def test_evaluation_is_one_dvc_stage_per_model():
+    """So an RL change re-evaluates RL and the student only (base and SFT evaluations stay cached)."""
+    raw = load_raw(REPO / "params.yaml")
+    stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
+    names = dvcgen.dvc_stages("evaluate", 1)
+    assert names == [f"evaluate-{p}-1" for p in ("base", "sft", "rl", "student")] and "evaluate-1" not in stages
+    rl = stages["evaluate-rl-1"]
+    assert rl["cmd"] == "python -m apprentice evaluate --policy rl --params params.yaml --root . --iter 1"
+    assert "models/iter_1/rl" in rl["deps"] and "models/iter_1/sft" not in rl["deps"]
+    assert rl["outs"] == ["data/iter_1/eval/rl.parquet", "data/iter_1/eval/rl.json"]
+    assert "models/base" in stages["evaluate-base-1"]["deps"]
+    raw["model"]["base"] = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id: params only, no folder dep
+    hub = dvcgen.pipeline(raw, repo=REPO)["stages"]["evaluate-base-1"]
+    assert not any(d.startswith("models/") for d in hub["deps"]) and "model.base" in hub["params"]
