@@ -68,10 +68,12 @@ TARGETS = ["evaluate-sft-1", "evaluate-rl-1"]
 
 def run_experiments(pipe: Path, samplers: list[str], env: dict[str, str], targets: list[str]) -> None:
     dvc = [sys.executable, "-m", "dvc", "exp", "run"]
-    sh([*dvc, "-n", "baseline", "-S", "rl.curriculum=difficulty", *targets], pipe, env)
-    for s in samplers:
-        sh([*dvc, "-n", f"sampler-{s}", "-S", "rl.curriculum=sampler", "-S", f"curriculum.sampler={s}", *targets],
-           pipe, env)
+    runs = [("baseline", ["-S", "rl.curriculum=difficulty"])]
+    runs += [(f"sampler-{s}", ["-S", "rl.curriculum=sampler", "-S", f"curriculum.sampler={s}"]) for s in samplers]
+    for name, overrides in runs:
+        out = sh([*dvc, "-n", name, *overrides, *targets], pipe, env)
+        ran = [line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")]
+        print(f"  {name}: ran {', '.join(ran) or 'nothing'}", flush=True)
 
 
 def collect(pipe: Path, env: dict[str, str], prefix: str) -> list[dict]:
