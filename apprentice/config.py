@@ -55,6 +55,11 @@ class SynthConfig(Section):
         default_factory=lambda: [0, 1, 2], description="Difficulty levels sampled uniformly."
     )
     seed: int = 1
+    sampler: Literal["none", "pass_band", "dtac", "hdc", "aes"] = Field(
+        "none", description="Iteration k > 1: generate n_train x oversample candidates, predict the current "
+        "model's pass rate on each from its spec (predictor fitted on iteration k-1's held-out episodes) "
+        "and keep the n_train this curriculum sampler picks (settings from curriculum.*). none = keep all.")
+    oversample: float = Field(2.0, ge=1, description="Candidates generated per kept problem when sampler != none.")
 
     @field_validator("families")
     @classmethod
@@ -218,6 +223,9 @@ class EvolveConfig(Section):
     reference_epsilon: float = Field(0.3, ge=0, le=1, description="Random-action share of the noisy oracle "
                                      "used as the fixed reference policy that measures each generation.")
     reference_samples: int = Field(2, ge=1, description="Reference episodes per evolved problem.")
+    feed: int = Field(0, ge=0, description="RL: evolved problems the generation scheduler probes per generation "
+                      "and adds to the RL pool (0 = off). It starts at generation 0 and moves on while the "
+                      "policy's pass rate reaches curriculum.advance_threshold.")
     seed: int = 0
 
 

@@ -46,7 +46,8 @@ ITERATION_STAGES = ["synth", "evolve", "teacher-rollout", "validate", "sft", "rl
 #: reruns a stage needlessly, under-tracking would silently keep a stale result.
 CODE: dict[str, list[str]] = {
     "prepare-base": ["apprentice/stages/prepare_base.py", "apprentice/modeling.py"],
-    "synth": ["apprentice/stages/synth.py", "apprentice/envs", "apprentice/trajectories.py"],
+    "synth": ["apprentice/stages/synth.py", "apprentice/envs", "apprentice/trajectories.py", "apprentice/difficulty.py",
+              "apprentice/samplers.py", "apprentice/training/curriculum.py"],
     "evolve": ["apprentice/stages/evolve.py", "apprentice/envs", "apprentice/trajectories.py"],
     "teacher-rollout": ["apprentice/stages/rollout.py", "apprentice/rollout.py", "apprentice/policies",
                         "apprentice/envs", "apprentice/templates"],
@@ -54,7 +55,7 @@ CODE: dict[str, list[str]] = {
     "sft": ["apprentice/stages/sft.py", "apprentice/training", "apprentice/modeling.py",
             "apprentice/templates"],
     "rl": ["apprentice/stages/rl.py", "apprentice/training", "apprentice/modeling.py", "apprentice/rollout.py",
-           "apprentice/envs", "apprentice/templates"],
+           "apprentice/envs", "apprentice/templates", "apprentice/samplers.py"],
     "distill": ["apprentice/stages/distill.py", "apprentice/training", "apprentice/modeling.py",
                 "apprentice/templates"],
     "evaluate": ["apprentice/stages/evaluate.py", "apprentice/stages/rollout.py", "apprentice/evaluation.py",
@@ -66,13 +67,16 @@ CODE: dict[str, list[str]] = {
 #: params sections (or single keys) each stage reads; expanded to one entry per leaf key.
 PARAMS: dict[str, list[str]] = {
     "prepare-base": ["model", "pipeline.seed"],
-    "synth": ["synth", "pipeline.seed"],
+    "synth": ["synth", "pipeline.seed", "promote.candidate",  # + the sampler settings synth.sampler uses
+              *(f"curriculum.{k}" for k in ("p_star", "band", "hard_threshold", "easy_threshold", "replay_share",
+                                            "infeasible_share", "min_attempts", "seed"))],
     "evolve": ["curriculum.evolve"],
     "teacher-rollout": ["rollout", "pipeline.seed"],
     "validate": ["validate"],
     "sft": ["sft", "model", "pipeline.seed"],
     "rl": ["rl", "curriculum", "model", "pipeline.seed",  # + the probe's generation settings
-           "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors"],
+           "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
+           "curriculum.evolve.feed"],  # the generation scheduler's feed of evolved problems
     "distill": ["distill", "model", "pipeline.seed"],
     "evaluate": ["evaluate", "model", "pipeline.seed"],
     "promote": ["promote"],
@@ -128,7 +132,8 @@ EXCLUDE = ("curriculum.evolve",)
 
 def _params(raw: dict[str, Any], stage: str) -> list[str]:
     keys = [k for entry in PARAMS[stage] for k in _leaf_keys(raw, entry)]
-    return [k for k in keys if stage == "evolve" or not k.startswith(EXCLUDE)]
+    keep = [k for k in keys if stage == "evolve" or k in PARAMS[stage] or not k.startswith(EXCLUDE)]
+    return list(dict.fromkeys(keep))  # a key named on its own and inside its section: once
 
 
 def _code(stage: str, prefix: str, repo: Path) -> list[str]:
@@ -178,7 +183,7 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
             "sft": {"deps": [f"{d}/sft.parquet", *base_deps]
                     + ([f"{prev['reports']}/promotion.json"] if prev else []),
                     "outs": [f"{m}/sft"]},
-            "rl": {"deps": [f"{m}/sft", f"{d}/problems.parquet"], "outs": [f"{m}/rl"]},
+            "rl": {"deps": [f"{m}/sft", f"{d}/problems.parquet", f"{d}/evolve"], "outs": [f"{m}/rl"]},
             "distill": {"deps": [f"{m}/rl", f"{d}/sft.parquet", f"{d}/problems.parquet"], "outs": [f"{m}/student"]},
             # one DVC stage per model (dvc_stages): deps = the held-out problems + that model's folder
             "evaluate": {"deps": [f"{d}/eval_problems.parquet"], "outs": [],

@@ -3,7 +3,9 @@
 1. order the training problems easy -> hard;
 2. probe the first ``rl.probe_problems`` of them with ``rl.probe_samples`` sampled episodes each
    (temperature 1, the same engine evaluation uses) and drop those the policy always or never
-   solves (``training.curriculum``);
+   solves (``training.curriculum``), or let ``curriculum.sampler`` pick (``rl.curriculum: sampler``);
+   with ``curriculum.evolve.feed > 0`` the generation scheduler also probes the evolved generations
+   (``data/iter_k/evolve``) and adds the first one the policy has not mastered to what is picked from;
 3. GRPO over what is left, in order (``training.rl``).
 
 ``rl.max_steps = 0`` copies the SFT model unchanged (lets a profile skip RL while keeping the DAG).
@@ -20,12 +22,16 @@ import pandas as pd
 
 from apprentice.config import Config
 from apprentice.paths import Paths, atomic_path
+from apprentice.stages.evolve import out_dir
 
 CURRICULUM_FILE = "curriculum.json"
 
 
-def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> tuple[pd.DataFrame, dict]:
-    """Curriculum order + pass-rate filter; returns the kept rows (in order) and a summary."""
+def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any,
+                    generations: list[pd.DataFrame] | None = None) -> tuple[pd.DataFrame, dict]:
+    """Curriculum order + pass-rate filter (or sampler); returns the kept rows (in order) and a summary.
+
+    ``generations``: the evolved generations (0..G) the scheduler may feed in (``curriculum.evolve.feed``)."""
     from apprentice.training import curriculum
 
     if "split" in problems.columns:
@@ -33,10 +39,26 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
     ordered = curriculum.order_by_difficulty(problems) if cfg.rl.curriculum == "difficulty" else \
         problems.sample(frac=1.0, random_state=cfg.rl.seed).reset_index(drop=True)
     ids = ordered["problem_id"].tolist()
+    feed = cfg.curriculum.evolve.feed if generations else 0
     if cfg.rl.probe_samples <= 0:
+        if feed:
+            raise ValueError("curriculum.evolve.feed > 0 needs the RL probe to measure the policy on each "
+                             "generation; set rl.probe_samples >= 1 or curriculum.evolve.feed: 0")
         return ordered, {"candidates": len(ids), "probed": 0, "kept": len(ids)}
     probe_rows = ordered.head(cfg.rl.probe_problems)
     table = probe_pass_rates(cfg, probe_rows, model, tokenizer)
+    fed: dict[str, Any] = {}
+    if feed:  # the scheduler's generation joins right after the probed problems (GRPO reads in order)
+        rows, rates, fed = curriculum.feed_generations(
+            generations or [], feed, cfg.curriculum.advance_threshold,
+            lambda r: probe_pass_rates(cfg, r, model, tokenizer))
+        rows = rows[[c for c in ordered.columns if c in rows.columns]]
+        n = len(probe_rows)
+        ordered = pd.concat([ordered.head(n), rows, ordered.iloc[n:]], ignore_index=True)
+        probe_rows = ordered.head(n + len(rows))
+        table.update(rates)
+        ids = ordered["problem_id"].tolist()
+        fed = {"evolve_feed": fed}
     if cfg.rl.curriculum == "sampler":  # issue B samplers (pass_band, dtac, hdc, aes) pick from the probe
         from apprentice import samplers
 
@@ -47,11 +69,24 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
                           "problems (rl.probe_problems) or widen the band (curriculum.band).", stacklevel=2)
             picked = ordered
         summary = curriculum.filter_summary(ids, table, picked["problem_id"].tolist())
-        return picked, {**summary, "sampler": cfg.curriculum.sampler}
+        return picked, {**summary, "sampler": cfg.curriculum.sampler, **fed}
     kept = curriculum.pass_rate_filter(ids, table)
     summary = curriculum.filter_summary(ids, table, kept)
     by_id = ordered.set_index("problem_id", drop=False)
-    return by_id.loc[kept].reset_index(drop=True), summary
+    return by_id.loc[kept].reset_index(drop=True), {**summary, **fed}
+
+
+def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
+    """Generations 0..G of this iteration's evolve stage when the scheduler feeds them (else None)."""
+    if not cfg.curriculum.evolve.feed:
+        return None
+    from apprentice.trajectories import read_parquet
+
+    files = sorted(out_dir(paths).glob("gen_*.parquet"), key=lambda f: int(f.stem.split("_")[1]))
+    if not files:
+        raise FileNotFoundError(f"curriculum.evolve.feed > 0 but {out_dir(paths)} holds no generations; run "
+                                f"`python -m apprentice evolve --iter {paths.iteration}` first (or set feed: 0)")
+    return [read_parquet(f) for f in files]
 
 
 def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
@@ -86,10 +121,12 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
     common.setup_runtime(cfg)
     start = str(paths.sft_model)
     common.require_model(start)
+    generations = evolved_generations(cfg, paths)
     stamp = common.fingerprint({"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(),
+                                "curriculum": cfg.curriculum.model_dump(),
                                 "probe": [cfg.evaluate.max_new_tokens, cfg.evaluate.batch_size,
                                           cfg.evaluate.max_format_errors]},
-                               [paths.problems, paths.sft_model])
+                               [paths.problems, paths.sft_model, *([] if generations is None else [out_dir(paths)])])
     if common.is_done(paths.rl_model, stamp):
         return {"model": str(paths.rl_model), "skipped": True, "reason": "outputs up to date"}
     if cfg.rl.max_steps == 0:
@@ -106,9 +143,10 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
     saved = common.work_dir_for(paths.rl_model) / CURRICULUM_FILE
     if saved.exists() and common.last_checkpoint(saved.parent):
         summary = json.loads(saved.read_text())
-        problems = all_problems.set_index("problem_id", drop=False).loc[summary["order"]].reset_index(drop=True)
+        pool = pd.concat([all_problems, *(generations or [])], ignore_index=True)[all_problems.columns]
+        problems = pool.set_index("problem_id", drop=False).loc[summary["order"]].reset_index(drop=True)
     else:
-        problems, summary = select_problems(cfg, all_problems, model, tok)
+        problems, summary = select_problems(cfg, all_problems, model, tok, generations)
         summary = {**summary, "order": problems["problem_id"].tolist()}
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(summary, indent=2))

@@ -7,6 +7,13 @@ its seed is derived from (pipeline seed, synth seed, iteration, split, i): the s
 byte-identical Parquet files, and train and eval never share a problem (asserted). Each family's
 ``generate(seed, level)`` accepts a problem only if its oracle earns reward 1.0 on replay.
 
+Selection (``synth.sampler``, iterations k > 1): generate ``n_train x synth.oversample`` training
+candidates, predict the current model's pass rate on each *before any rollout* (the ex-ante
+difficulty predictor, :mod:`apprentice.difficulty`, fitted on iteration k-1's held-out episodes of
+the promoted candidate) and keep the ``n_train`` that the curriculum sampler picks from those
+predictions: the iteration trains where the model is predicted to learn, at no rollout cost. The
+held-out split is never selected (it must stay an unbiased sample of the levels).
+
 Resumable: a manifest (``synth.json`` beside the outputs, written last) records a fingerprint of the
 config section, the iteration and the generator source code, plus the outputs' SHA-256; a rerun that
 finds matching outputs does nothing.
@@ -17,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
@@ -29,7 +37,7 @@ from apprentice.config import Config
 from apprentice.envs import FAMILIES, base, env_for
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
-from apprentice.trajectories import problems_frame, write_parquet
+from apprentice.trajectories import problems_frame, read_parquet, write_parquet
 
 
 def _sha256(path: Path) -> str:
@@ -45,8 +53,12 @@ def fingerprint(cfg: Config, paths: Paths) -> str:
     sources: list[str | None] = [base.__file__, trajectories.__file__, __file__]
     sources += [inspect.getsourcefile(FAMILIES[f]) for f in cfg.synth.families]
     code = {Path(s).name: _sha256(Path(s)) for s in sources if s}
-    blob = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
-            "iteration": paths.iteration, "code": dict(sorted(code.items()))}
+    blob: dict[str, Any] = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
+                            "iteration": paths.iteration, "code": dict(sorted(code.items()))}
+    if cfg.synth.sampler != "none":
+        prev = previous_episodes(cfg, paths)
+        blob["selection"] = {"curriculum": cfg.curriculum.model_dump(mode="json", exclude=SELECTION_EXCLUDE),
+                             "episodes": _sha256(prev) if prev else None}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
@@ -63,6 +75,60 @@ def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
     if gen is None:
         raise ValueError(f"environment family '{family}' has no generate(seed, level) classmethod; add one")
     return gen
+
+
+#: curriculum keys synthesis does not read (it takes its sampler from synth.sampler).
+SELECTION_EXCLUDE = {"evolve", "sampler", "advance_threshold"}
+
+
+def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
+    """Iteration k-1's held-out episodes of the model training continues from (promote.candidate;
+    else the most-trained model evaluated), or None in iteration 1."""
+    prev = paths.previous()
+    if prev is None:
+        return None
+    for name in dict.fromkeys([cfg.promote.candidate, "rl", "sft", "student"]):
+        if (f := prev.eval_dir / f"{name}.parquet").exists():
+            return f
+    return None
+
+
+def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | None,
+                 n: int) -> tuple[list[int], dict[str, Any]]:
+    """Indices (in generation order) of the ``n`` candidates ``synth.sampler`` keeps, and a summary.
+
+    Pass rates are *predicted* (no rollout): a :class:`DifficultyPredictor` fitted on ``episodes``
+    scores each candidate's spec; the sampler reads them as a pass-rate table. Falls back to the
+    first ``n`` candidates (with the reason) when there is nothing to fit on; tops up in
+    generation order when the sampler keeps fewer than ``n`` (a narrow band)."""
+    from apprentice import difficulty, samplers
+    from apprentice.training.curriculum import PassRate
+
+    first = list(range(min(n, len(candidates))))
+    if episodes is None:
+        return first, {"sampler": cfg.synth.sampler, "fallback": "no previous iteration's episodes"}
+    eps = read_parquet(episodes)
+    specs = {pid: ProblemSpec.from_json(s) for pid, s in zip(eps["problem_id"], eps["spec"], strict=True)}
+    feats = difficulty.feature_frame(list(specs.values()))
+    try:
+        model = difficulty.DifficultyPredictor().fit(feats.loc[eps["problem_id"]], eps["success"].astype(bool))
+    except ValueError as e:  # all successes or all failures: no signal to fit
+        return first, {"sampler": cfg.synth.sampler, "fallback": str(e).split(";")[0]}
+    pred = model.predict(difficulty.feature_frame(candidates))
+    frame = problems_frame(candidates, [0] * len(candidates), "train")
+    scale = 100  # predicted rate as successes out of 100 "attempts": the samplers' table, 1 % resolution
+    rates = {s.problem_id: PassRate(round(float(p) * scale), scale) for s, p in zip(candidates, pred, strict=True)}
+    table = samplers.table_from_rates(rates, frame)
+    picked = samplers.sample(table, n, cfg.curriculum.model_copy(update={"sampler": cfg.synth.sampler}))
+    chosen = set(picked[:n])
+    order = [i for i, s in enumerate(candidates) if s.problem_id in chosen]
+    topped = [i for i, s in enumerate(candidates) if s.problem_id not in chosen][: n - len(order)]
+    keep = sorted(order + topped)
+    kept_pred = [float(pred[i]) for i in keep]
+    return keep, {"sampler": cfg.synth.sampler, "candidates": len(candidates), "picked": len(order),
+                  "topped_up": len(topped), "fitted_on": str(episodes.name), "fit_episodes": len(eps),
+                  "predicted_pass_rate_kept": round(sum(kept_pred) / len(kept_pred), 4) if kept_pred else None,
+                  "predicted_pass_rate_all": round(float(pred.mean()), 4)}
 
 
 def _is_done(cfg: Config, paths: Paths, fp: str) -> dict[str, Any] | None:
@@ -86,7 +152,10 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     if (info := _is_done(cfg, paths, fp)) is not None:
         return {**info["summary"], "skipped": True}
 
-    jobs = {"train": plan(cfg, paths.iteration, "train", cfg.synth.n_train),
+    n_train = cfg.synth.n_train
+    if cfg.synth.sampler != "none":  # candidates to select from (see select_train)
+        n_train = math.ceil(n_train * cfg.synth.oversample)
+    jobs = {"train": plan(cfg, paths.iteration, "train", n_train),
             "eval": plan(cfg, paths.iteration, "eval", cfg.synth.n_eval)}
     specs: dict[str, list[ProblemSpec]] = {"train": [], "eval": []}
     turns: dict[str, dict[str, list[int]]] = {}
@@ -98,6 +167,11 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                 turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
                 bar.update()
 
+    selection: dict[str, Any] = {}
+    if cfg.synth.sampler != "none":
+        keep, selection = select_train(cfg, specs["train"], previous_episodes(cfg, paths), cfg.synth.n_train)
+        specs["train"] = [specs["train"][i] for i in keep]
+        jobs["train"] = [jobs["train"][i] for i in keep]
     ids = {split: [s.problem_id for s in ss] for split, ss in specs.items()}
     for split, pid in ids.items():
         assert len(set(pid)) == len(pid), f"synth: duplicate problem ids within {split}; change synth.seed"
@@ -119,6 +193,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                               for f, d in sorted(turns.items())},
         "problems": str(paths.problems),
         "eval_problems": str(paths.eval_problems),
+        **({"selection": selection} if selection else {}),
     }
     manifest = {"fingerprint": fp, "summary": summary,
                 "sha256": {"problems": _sha256(paths.problems), "eval_problems": _sha256(paths.eval_problems)}}

@@ -8,13 +8,17 @@ Pure functions over tables so they are unit-testable without a model:
     reward and a zero gradient (METHODS.md §4 "pass-rate calibration", §2 DTAC). Dropping them spends
     the few RL steps we can afford where they can move the policy.
   * :func:`pass_rates`: the table the filter reads, from probe trajectories.
+  * :func:`feed_generations`: which evolved generation joins the RL pool: the generation scheduler
+    (``envs.evolve.GenerationScheduler``) walks generations 0, 1, ... while the policy's probed pass
+    rate on the current one reaches the advance threshold, so training meets the first generation
+    the policy has not mastered (METHODS.md §1: evolve the environment as the learner improves).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,3 +99,27 @@ def filter_summary(ordered_ids: list[str], table: Mapping[str, PassRate], kept: 
         "kept": len(kept),
         "mean_probe_pass_rate": (sum(table[p].rate for p in probed) / len(probed)) if probed else None,
     }
+
+
+def feed_generations(generations: Sequence[pd.DataFrame], n: int, threshold: float,
+                     probe: Callable[[pd.DataFrame], Mapping[str, PassRate]]
+                     ) -> tuple[pd.DataFrame, dict[str, PassRate], dict[str, Any]]:
+    """Walk evolved generations with a :class:`GenerationScheduler`; return the one to train on.
+
+    ``probe(rows)`` runs the current policy on ``rows`` (the first ``n`` problems of a generation)
+    and returns their pass rates. Each probed generation is observed once; the walk stops at the
+    first generation whose pass rate is below ``threshold`` (or at the last one). Returns that
+    generation's probed rows, their pass rates (reused by the RL filter/sampler: no second probe)
+    and the scheduler's state (generation chosen, pass rate per generation seen)."""
+    from apprentice.envs.evolve import GenerationScheduler
+
+    if not generations:
+        raise ValueError("no evolved generations to feed; run the evolve stage (python -m apprentice evolve)")
+    sched = GenerationScheduler(len(generations), threshold)
+    while True:
+        g = sched.current
+        rows = generations[g].head(n).reset_index(drop=True)
+        rates = dict(probe(rows))
+        hits, total = sum(r.successes for r in rates.values()), sum(r.samples for r in rates.values())
+        if sched.observe(hits / total if total else 0.0) == g:
+            return rows, rates, {**sched.state_dict(), "generation": g}

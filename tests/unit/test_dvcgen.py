@@ -29,7 +29,9 @@ def test_iterations_chain_and_per_key_params():
     assert "apprentice/stages/rl.py" in stages["rl-1"]["deps"]
     # evolution: its own params, generation 0 of iteration 2 from iteration 1's generations
     assert "curriculum.evolve.generations" in stages["evolve-1"]["params"]
-    assert not any(p.startswith("curriculum.evolve") for p in stages["rl-1"]["params"])
+    # RL reads only the scheduler's feed size of evolution's params, and the generations themselves
+    assert [p for p in stages["rl-1"]["params"] if p.startswith("curriculum.evolve")] == ["curriculum.evolve.feed"]
+    assert "data/iter_1/evolve" in stages["rl-1"]["deps"]
     assert "data/iter_1/evolve" in stages["evolve-2"]["deps"] and stages["evolve-1"]["outs"] == ["data/iter_1/evolve"]
 
 

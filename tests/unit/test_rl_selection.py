@@ -59,3 +59,39 @@ def test_sampler_that_picks_nothing_falls_back_to_the_whole_order(monkeypatch):
     with pytest.warns(UserWarning, match="picked none"):
         kept, summary = rl_stage.select_problems(cfg, problems, None, None)
     assert len(kept) == 6 and summary["sampler"] == "pass_band"
+
+
+def _generations(n_gen: int = 3, n: int = 4):
+    store = FAMILIES["store"]
+    return [problems_frame([store.generate(seed=100 * g + i, level=g) for i in range(n)], [g] * n, f"gen_{g}")
+            for g in range(n_gen)]
+
+
+def test_generation_scheduler_feeds_the_first_unmastered_generation(monkeypatch):
+    """Generation 0 mastered (4/4), generation 1 half solved (< advance_threshold 0.6): generation 1's
+    probed problems join the RL pool right after the probed training problems; generation 2 is never probed."""
+    problems, gens = _problems(), _generations()
+    rates = {**dict(zip(problems["problem_id"], [0, 4, 2, 1, 3, 4], strict=True)),
+             **dict.fromkeys(gens[0]["problem_id"], 4), **dict(zip(gens[1]["problem_id"], [2, 1, 3, 2], strict=True))}
+    probed: list[list[str]] = []
+
+    def probe(cfg, rows, model, tok):
+        probed.append(list(rows["problem_id"]))
+        return {p: PassRate(rates[p], 4) for p in rows["problem_id"]}
+
+    monkeypatch.setattr(rl_stage, "probe_pass_rates", probe)
+    cfg = load_config(ROOT / "params.yaml", overrides=["rl.probe_problems=6", "rl.probe_samples=4",
+                                                         "curriculum.evolve.feed=4", "curriculum.advance_threshold=0.6"])
+    kept, summary = rl_stage.select_problems(cfg, problems, None, None, gens)
+    assert [set(p) for p in probed] == [set(problems["problem_id"]), set(gens[0]["problem_id"]), set(gens[1]["problem_id"])]
+    feed = summary["evolve_feed"]
+    assert feed["generation"] == 1 and [g for g, _ in feed["history"]] == [0, 1] and feed["history"][1][1] == 0.5
+    ids = list(kept["problem_id"])
+    assert set(ids[3:]) == set(gens[1]["problem_id"]) and len(ids) == 7  # 3 informative + generation 1
+    assert set(ids) & set(gens[0]["problem_id"]) == set()  # mastered: no signal left there
+
+
+def test_feed_needs_the_probe():
+    cfg = load_config(ROOT / "params.yaml", overrides=["rl.probe_samples=0", "curriculum.evolve.feed=2"])
+    with pytest.raises(ValueError, match="rl.probe_samples"):
+        rl_stage.select_problems(cfg, _problems(), None, None, _generations())

@@ -82,3 +82,45 @@ def test_rerun_is_a_no_op_until_config_or_outputs_change(tmp_path):
     paths.eval_problems.write_bytes(b"corrupt")  # damaged output -> regenerate
     fixed = synth.run(_cfg(n_train=6, n_eval=2), paths)
     assert fixed["skipped"] is False and len(pd.read_parquet(paths.eval_problems)) == 2
+
+
+def _previous_episodes(root, success_by_level: dict[int, float]) -> None:
+    """Iteration 1's held-out episodes of the RL model: success rate per level as given (seeded)."""
+    import numpy as np
+
+    p1 = Paths(root, 1)
+    synth.run(_cfg(n_eval=60, levels=[0, 1, 2]), p1)
+    ev = pd.read_parquet(p1.eval_problems)
+    rng = np.random.default_rng(0)
+    ev["success"] = [bool(rng.random() < success_by_level[lv]) for lv in ev["level"]]
+    p1.eval_dir.mkdir(parents=True)
+    ev.to_parquet(p1.eval_dir / "rl.parquet")
+
+
+@pytest.mark.parametrize(("p_star", "favoured"), [(0.85, 0), (0.15, 2)])
+def test_sampler_selects_training_problems_by_predicted_pass_rate(tmp_path, p_star, favoured):
+    """Iteration 2 keeps the n_train of 3 x n_train candidates whose *predicted* pass rate (predictor
+    fitted on iteration 1's episodes: level 0 mostly solved, level 2 mostly failed) the band around
+    p_star holds, so the target pass rate moves the level mix; the held-out split is untouched."""
+    _previous_episodes(tmp_path, {0: 0.85, 1: 0.5, 2: 0.15})
+    over = {"levels": [0, 1, 2], "n_train": 12, "sampler": "pass_band", "oversample": 3.0}
+    cfg = Config.model_validate({"synth": {**_cfg().synth.model_dump(), **over},
+                                 "curriculum": {"p_star": p_star, "band": 0.2}})
+    p2 = Paths(tmp_path, 2)
+    summary = synth.run(cfg, p2)
+    train = pd.read_parquet(p2.problems)
+    sel = summary["selection"]
+    assert len(train) == 12 and sel["candidates"] == 36 and sel["fitted_on"] == "rl.parquet"
+    counts = train["level"].value_counts()
+    assert counts.get(favoured, 0) >= 9, counts.to_dict()  # unselected, a third of them would be
+    assert abs(sel["predicted_pass_rate_kept"] - p_star) < 0.15 < abs(sel["predicted_pass_rate_all"] - p_star)
+    plain = Config.model_validate({"synth": {**cfg.synth.model_dump(), "sampler": "none"}})
+    p3 = Paths(tmp_path / "plain", 2)
+    synth.run(plain, p3)
+    assert pd.read_parquet(p3.eval_problems).equals(pd.read_parquet(p2.eval_problems))
+
+
+def test_sampler_without_a_previous_iteration_keeps_the_first_candidates(tmp_path):
+    cfg = _cfg(sampler="dtac")
+    summary = synth.run(cfg, Paths(tmp_path, 1))
+    assert summary["train"] == 12 and "no previous" in summary["selection"]["fallback"]
