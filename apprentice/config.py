@@ -218,7 +218,7 @@ class EvolveConfig(Section):
     problems: int = Field(60, ge=1, description="Problems in generation 0 (each later one evolves them all).")
     families: list[str] = Field(default_factory=lambda: ["store"], description="Families evolved.")
     operators: list[Literal["horizon", "state", "harness"]] = Field(
-        default_factory=lambda: ["horizon", "state", "harness"],
+        default_factory=lambda: ["horizon", "state", "harness"],  # type: ignore[arg-type]
         description="Directions applied in turn (one per problem per generation, round-robin).")
     reference_epsilon: float = Field(0.3, ge=0, le=1, description="Random-action share of the noisy oracle "
                                      "used as the fixed reference policy that measures each generation.")

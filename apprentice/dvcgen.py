@@ -170,7 +170,7 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
     for k in range(1, n + 1):
         d, m, r = f"data/iter_{k}", f"models/iter_{k}", f"reports/iter_{k}"
         prev = {"data": f"data/iter_{k - 1}", "reports": f"reports/iter_{k - 1}"} if k > 1 else None
-        io: dict[str, dict[str, list[Any]]] = {
+        io: dict[str, dict[str, Any]] = {
             "synth": {"deps": [f"{prev['data']}/eval"] if prev else [],
                       "outs": [f"{d}/problems.parquet", f"{d}/eval_problems.parquet"]},
             # off-policy: generation 0 of iteration k is iteration k-1's last generation

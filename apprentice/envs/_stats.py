@@ -31,7 +31,7 @@ def measure(n: int = 30, tokenizer_dir: str = "models/base") -> list[dict[str, A
             turns, total, after, obs = [], [], [], []
             for s in range(n):
                 env = cls()
-                first = env.reset(spec=cls.generate(1000 + s, lv))  # type: ignore[attr-defined]
+                first = env.reset(spec=cls.generate(1000 + s, lv))
                 msgs: list[dict[str, Any]] = [{"role": "system", "content": cls.system_prompt}, {"role": "user", "content": first}]
                 tools = cls.tool_schemas()
                 prompt = count(msgs, tools, gen=True)

@@ -35,7 +35,7 @@ import importlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trl import DistillationTrainer
 
@@ -84,10 +84,11 @@ class ApprenticeDistillationTrainer(DistillationTrainer):
                          and isinstance(prompts[0], list))
         if not per_row_tools:
             return super()._tokenize_prompts(prompts)
+        tok: Any = self.processing_class  # a tokenizer here (TRL types it as any processor)
         prompt_ids = [
-            self.processing_class.apply_chat_template(
+            tok.apply_chat_template(
                 conversation=p, tools=row.get("tools") or None, chat_template=self.chat_template,
-                add_generation_prompt=True, tokenize=True, return_dict=True, **self.chat_template_kwargs,
+                add_generation_prompt=True, tokenize=True, return_dict=True, **cast(dict[str, Any], self.chat_template_kwargs or {}),
             )["input_ids"]
             for p, row in zip(prompts, rows, strict=True)
         ]

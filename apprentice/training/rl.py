@@ -52,7 +52,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             return super()._generate_single_turn(*args, **kwargs)
 
 
-def environment_classes(families: Sequence[str]) -> dict[str, type]:
+def environment_classes(families: Sequence[str]) -> dict[str, Any]:
     from apprentice.envs import FAMILIES
 
     missing = sorted(set(families) - set(FAMILIES))

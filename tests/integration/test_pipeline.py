@@ -151,6 +151,9 @@ def test_killed_flow_resumes_and_records_lineage(project):
     producer = {"sft": "sft-1", "rl": "rl-1", "student": "distill-1"}[cand]
     cand_md5 = next(o["md5"] for o in lock[producer]["outs"] if o["path"] == f"models/iter_1/{cand}")
     assert mv.tags["dvc_md5"] == cand_md5 and mv.tags["weights_path"] == f"models/iter_1/{cand}"
+    # the generation scheduler probed evolved generation 0 and fed it to RL (quick: curriculum.evolve.feed 2)
+    feed = json.loads((wd / "models/iter_1/rl/curriculum.json").read_text())["evolve_feed"]
+    assert feed["history"][0][0] == 0 and feed["generation"] in range(feed["n"])
     assert (wd / "reports/iter_1/curves/sft.png").stat().st_size > 1000
     assert (wd / "reports/iter_1/gate.html").exists()
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -87,7 +88,7 @@ class OPDTrainer(DistillationTrainer):
     # -- TRL removes dataset columns the trainer does not declare; ours needs the spec -------------------
     def _set_signature_columns_if_needed(self):
         if self._signature_columns is None:
-            self._signature_columns = ["prompt", "spec"]
+            self._signature_columns = ["prompt", "spec"]  # type: ignore[assignment]  # TRL declares it None
 
     # -- rollout -------------------------------------------------------------------------------------
     def _sync_self_teacher(self, step: int) -> None:
@@ -105,7 +106,7 @@ class OPDTrainer(DistillationTrainer):
         student = self.accelerator.unwrap_model(self.model)
         teacher = self.accelerator.unwrap_model(self.teacher_model)
         seed = derive_seed(self.args.seed, "opd-rollout", step)
-        common = dict(temperature=self.temperature, max_new_tokens=self.turn_tokens, dtype=self.rollout_dtype,
+        common: dict[str, Any] = dict(temperature=self.temperature, max_new_tokens=self.turn_tokens, dtype=self.rollout_dtype,
                       batch_size=max(len(specs) * self.recipe.samples_per_problem, 1))
         mixed = MixedPolicy(
             student=HFPolicy(student, tok, seed=seed % 2**31, policy_id="student", **common),
@@ -202,7 +203,7 @@ class OPDTrainer(DistillationTrainer):
             loss_rl = policy_gradient_loss(logps, adv)
             loss = loss + w_rl * loss_rl
 
-        m = self._metrics["train" if self.model.training else "eval"]
+        m = self._metrics["train" if unwrapped_student.training else "eval"]
         m["opd/w_opd"].append(w_opd)
         m["opd/w_rl"].append(w_rl)
         m["opd/loss_opd"].append(float(loss_opd.detach()))
@@ -248,7 +249,7 @@ def make_trainer(recipe: Recipe, *, student: Any, teacher: Any | None, tokenizer
 
     if recipe.temperature is not None:
         temperature = recipe.temperature
-    args = trl_args(DistillationConfig, output_dir, dtype=dtype, max_steps=max_steps, batch_size=batch_size,
+    args = trl_args(DistillationConfig, Path(output_dir), dtype=dtype, max_steps=max_steps, batch_size=batch_size,
                     learning_rate=learning_rate, save_steps=save_steps, seed=seed, beta=beta,
                     temperature=temperature, max_completion_length=turn_tokens, **trl_extra)
     rollout_dtype = "bf16" if resolve_dtype(dtype) == torch.bfloat16 else "fp32"
