@@ -1,10 +1,10 @@
-"""Stage ``evaluate-all`` (the ``evaluate`` step of the pipeline): every model of iteration k on the
-held-out problems, in one process.
+"""``python -m apprentice evaluate-all``: every model of iteration k on the held-out problems, in one
+process (by hand: one torch + transformers import instead of four, 5-7 s each on this CPU).
 
-Why not one ``python -m apprentice evaluate --policy X`` per model: each process pays the torch +
-transformers import (5-7 s idle, far more on a busy 2-core box) before evaluating a tiny model for
-less than that. This loops :func:`apprentice.stages.evaluate.run` over ``POLICIES`` and writes the
-same files (``data/iter_k/eval/<policy>.parquet|json``).
+The pipeline does not use it: ``dvc.yaml`` has one DVC stage per model (``evaluate-<model>-k``,
+:func:`apprentice.dvcgen.dvc_stages`), so DVC re-evaluates only the models that changed (an RL
+experiment does not re-evaluate base and SFT). Both write the same files
+(``data/iter_k/eval/<policy>.parquet|json``) through :func:`apprentice.stages.evaluate.run`.
 """
 
 from __future__ import annotations

@@ -93,6 +93,19 @@ def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
     return None
 
 
+def predict_pass_rates(episodes: Path, candidates: list[ProblemSpec]) -> tuple[Any, int]:
+    """The ex-ante predictor fitted on ``episodes`` (``problem_id``, ``spec``, ``success``), applied to
+    ``candidates``: (predicted pass rate per candidate, episodes fitted on). Raises ``ValueError``
+    when the episodes are all successes or all failures."""
+    from apprentice import difficulty
+
+    eps = read_parquet(episodes)
+    specs = {pid: ProblemSpec.from_json(s) for pid, s in zip(eps["problem_id"], eps["spec"], strict=True)}
+    feats = difficulty.feature_frame(list(specs.values()))
+    model = difficulty.DifficultyPredictor().fit(feats.loc[eps["problem_id"]], eps["success"].astype(bool))
+    return model.predict(difficulty.feature_frame(candidates)), len(eps)
+
+
 def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | None,
                  n: int) -> tuple[list[int], dict[str, Any]]:
     """Indices (in generation order) of the ``n`` candidates ``synth.sampler`` keeps, and a summary.
@@ -101,20 +114,16 @@ def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | No
     scores each candidate's spec; the sampler reads them as a pass-rate table. Falls back to the
     first ``n`` candidates (with the reason) when there is nothing to fit on; tops up in
     generation order when the sampler keeps fewer than ``n`` (a narrow band)."""
-    from apprentice import difficulty, samplers
+    from apprentice import samplers
     from apprentice.training.curriculum import PassRate
 
     first = list(range(min(n, len(candidates))))
     if episodes is None:
         return first, {"sampler": cfg.synth.sampler, "fallback": "no previous iteration's episodes"}
-    eps = read_parquet(episodes)
-    specs = {pid: ProblemSpec.from_json(s) for pid, s in zip(eps["problem_id"], eps["spec"], strict=True)}
-    feats = difficulty.feature_frame(list(specs.values()))
     try:
-        model = difficulty.DifficultyPredictor().fit(feats.loc[eps["problem_id"]], eps["success"].astype(bool))
+        pred, fitted = predict_pass_rates(episodes, candidates)
     except ValueError as e:  # all successes or all failures: no signal to fit
         return first, {"sampler": cfg.synth.sampler, "fallback": str(e).split(";")[0]}
-    pred = model.predict(difficulty.feature_frame(candidates))
     frame = problems_frame(candidates, [0] * len(candidates), "train")
     scale = 100  # predicted rate as successes out of 100 "attempts": the samplers' table, 1 % resolution
     rates = {s.problem_id: PassRate(round(float(p) * scale), scale) for s, p in zip(candidates, pred, strict=True)}
@@ -126,7 +135,7 @@ def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | No
     keep = sorted(order + topped)
     kept_pred = [float(pred[i]) for i in keep]
     return keep, {"sampler": cfg.synth.sampler, "candidates": len(candidates), "picked": len(order),
-                  "topped_up": len(topped), "fitted_on": str(episodes.name), "fit_episodes": len(eps),
+                  "topped_up": len(topped), "fitted_on": str(episodes.name), "fit_episodes": fitted,
                   "predicted_pass_rate_kept": round(sum(kept_pred) / len(kept_pred), 4) if kept_pred else None,
                   "predicted_pass_rate_all": round(float(pred.mean()), 4)}
 
