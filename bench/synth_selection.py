@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--band", type=float, default=0.15)
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--oversample", type=float, default=4.0)
+    p.add_argument("--out", type=Path, help="also write the JSON result here")
     args = p.parse_args(argv)
 
     from apprentice import difficulty
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         ps += [float(pred[i]) for i in idx]
     out["predictor_out_of_sample"] = {k: round(v, 3) for k, v in difficulty.calibration(ys, ps).items()}
     print(json.dumps(out))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 
