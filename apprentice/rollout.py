@@ -59,6 +59,7 @@ class _Episode:
     tool_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    episode_tokens: int = 0  # generated + tool-response tokens (the GRPO-style budget)
     finished: bool = False
     truncated: bool = False
     wall_s: float = 0.0
@@ -124,6 +125,8 @@ def run_episodes(
     require_tool_call: bool = True,
     env_factory: Callable[[ProblemSpec], Environment] | None = None,
     max_format_errors: int = 0,
+    episode_tokens: int = 0,
+    count_tokens: Callable[[str], int] | None = None,
 ) -> list[Trajectory]:
     """Run ``samples_per_problem`` episodes of every spec with ``policy``; return one Trajectory each.
 
@@ -132,6 +135,9 @@ def run_episodes(
     ``max_turns`` > 0 caps every episode's own budget (``env._turn_budget()``). Each round makes
     one ``policy.act`` call per ``batch_size`` live episodes. ``seed`` seeds torch (sampling).
     ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
+    ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn
+    completion (``max_completion_length``): generated tokens *plus* tool responses (counted with
+    ``count_tokens``); a turn that would pass the budget is cut (truncated, its calls not run).
     Results are ordered by (spec, sample index).
     """
     if isinstance(specs, pd.DataFrame):
@@ -143,6 +149,8 @@ def run_episodes(
         raise ValueError("samples_per_problem must be >= 1")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    if episode_tokens > 0 and count_tokens is None:
+        raise ValueError("episode_tokens needs count_tokens (e.g. lambda s: len(tokenizer(s)['input_ids']))")
     lv = _levels_for(specs, levels)
     pid = policy_id or getattr(policy, "policy_id", None) or type(policy).__name__
     wants_plan = _wants_plan(policy)
@@ -192,7 +200,7 @@ def run_episodes(
                         "Policy.act must return exactly one Turn per conversation"
                     )
                 for ep, turn in zip(chunk, turns, strict=True):
-                    _apply(ep, turn, fmt, require_tool_call, max_format_errors)
+                    _apply(ep, turn, fmt, require_tool_call, max_format_errors, episode_tokens, count_tokens)
                     gen_tokens += turn.completion_tokens
                     if ep.finished:
                         ep.wall_s = time.perf_counter() - t0
@@ -226,11 +234,18 @@ def _default_env(spec: ProblemSpec) -> Environment:
     return cls()
 
 
-def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_format_errors: int = 0) -> None:
+def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_format_errors: int = 0,
+           episode_tokens: int = 0, count_tokens: Callable[[str], int] | None = None) -> None:
     """Append the assistant turn and its observations; update counters and the finish state."""
     ep.turns += 1
     ep.prompt_tokens += int(turn.prompt_tokens)
     ep.completion_tokens += int(turn.completion_tokens)
+    ep.episode_tokens += int(turn.completion_tokens)
+    if episode_tokens > 0 and ep.episode_tokens > episode_tokens:  # cut mid-turn: the call never completes
+        ep.messages.append({"role": "assistant", "content": turn.raw or ""})
+        ep.finished = ep.truncated = True
+        ep.stopped = "episode_tokens"
+        return
     msg = dict(turn.message)
     msg["role"] = "assistant"
     msg.setdefault("content", turn.raw if turn.parse_error else "")
@@ -262,6 +277,8 @@ def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_form
             if obs.lstrip().startswith("Error"):
                 ep.tool_errors += 1
             ep.messages.append({"role": "tool", "name": call.name, "content": obs})
+            if count_tokens is not None:
+                ep.episode_tokens += count_tokens(obs)
 
     if ep.env.done:
         ep.finished = True

@@ -104,9 +104,17 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
                             max_new_tokens=min(cfg.evaluate.max_new_tokens, cfg.rl.max_completion_length),
                             batch_size=cfg.evaluate.batch_size, dtype=cfg.model.dtype, seed=cfg.rl.seed,
                             policy_id="rl-probe")
+    # GRPO's max_completion_length budgets the whole episode, tool responses (as the chat template
+    # wraps them) included; a probe that ignored them called long `search` episodes solvable that GRPO
+    # always truncates, and the samplers then picked groups with zero reward variance (experiments B.5).
+    def tool_turn_tokens(obs: str) -> int:
+        wrapped = f"<|im_start|>user\n<tool_response>\n{obs}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        return len(tokenizer(wrapped, add_special_tokens=False)["input_ids"])
+
     trajs = run_episodes(problems, policy, samples_per_problem=cfg.rl.probe_samples,
                          max_turns=cfg.rl.max_tool_calls, batch_size=cfg.evaluate.batch_size,
-                         seed=cfg.rl.seed, progress=True, max_format_errors=cfg.evaluate.max_format_errors)
+                         seed=cfg.rl.seed, progress=True, max_format_errors=cfg.evaluate.max_format_errors,
+                         episode_tokens=cfg.rl.max_completion_length, count_tokens=tool_turn_tokens)
     model.train(was_training)
     return pass_rates([t.problem_id for t in trajs], [t.success for t in trajs])
 

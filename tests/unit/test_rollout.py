@@ -251,3 +251,22 @@ def test_oracle_policy_solves_every_real_family_at_every_level():
     failed = [(t.family, t.difficulty, t.turns) for t in trajs if not t.success]
     assert not failed, f"oracle failed on {failed}"
     assert not any(t.truncated or t.parse_errors or t.tool_errors for t in trajs)
+
+
+def test_episode_token_budget_counts_tool_responses_like_grpo():
+    """episode_tokens budgets generated + tool-response tokens (GRPO's max_completion_length): the
+    oracle solves every problem unbudgeted, and fails once the budget is below its transcript."""
+    from apprentice.envs import FAMILIES
+    from apprentice.policies.oracle import OraclePolicy
+    from apprentice.rollout import run_episodes
+
+    specs = [FAMILIES["search"].generate(seed=i, level=2) for i in range(3)]
+    words = lambda s: len(s.split())  # noqa: E731 - a stand-in token counter
+    free = run_episodes(specs, OraclePolicy(), progress=False)
+    assert all(t.success for t in free)
+    cut = run_episodes(specs, OraclePolicy(), progress=False, episode_tokens=5, count_tokens=words)
+    assert not any(t.success for t in cut) and all(t.truncated and t.extra["stopped"] == "episode_tokens" for t in cut)
+    roomy = run_episodes(specs, OraclePolicy(), progress=False, episode_tokens=100_000, count_tokens=words)
+    assert [t.success for t in roomy] == [t.success for t in free]
+    with pytest.raises(ValueError, match="count_tokens"):
+        run_episodes(specs, OraclePolicy(), progress=False, episode_tokens=5)
