@@ -105,7 +105,8 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
                             batch_size=cfg.evaluate.batch_size, dtype=cfg.model.dtype, seed=cfg.rl.seed,
                             policy_id="rl-probe")
     # GRPO's max_completion_length budgets the whole episode, tool responses (as the chat template
-    # wraps them) included; a probe that ignored them called long `search` episodes solvable that GRPO
+    # wraps them) included; the ChatML wrapper below is the compact/qwen2.5 templates' (~15 tokens a
+    # tool turn; a model's own template may differ by a few tokens, an approximation we accept); a probe that ignored them called long `search` episodes solvable that GRPO
     # always truncates, and the samplers then picked groups with zero reward variance (experiments B.5).
     def tool_turn_tokens(obs: str) -> int:
         wrapped = f"<|im_start|>user\n<tool_response>\n{obs}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"

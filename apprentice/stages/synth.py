@@ -167,13 +167,11 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     jobs = {"train": plan(cfg, paths.iteration, "train", n_train),
             "eval": plan(cfg, paths.iteration, "eval", cfg.synth.n_eval)}
     specs: dict[str, list[ProblemSpec]] = {"train": [], "eval": []}
-    turns: dict[str, dict[str, list[int]]] = {}
     with tqdm(total=sum(map(len, jobs.values())), desc=f"synth iter {paths.iteration}", unit="problem") as bar:
         for split, items in jobs.items():
             for family, level, seed in items:
                 spec = _generator(family)(seed, level)
                 specs[split].append(spec)
-                turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
                 bar.update()
 
     selection: dict[str, Any] = {}
@@ -181,6 +179,10 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         keep, selection = select_train(cfg, specs["train"], previous_episodes(cfg, paths), cfg.synth.n_train)
         specs["train"] = [specs["train"][i] for i in keep]
         jobs["train"] = [jobs["train"][i] for i in keep]
+    turns: dict[str, dict[str, list[int]]] = {}  # oracle plan lengths of the problems kept
+    for split in jobs:
+        for (family, level, _), spec in zip(jobs[split], specs[split], strict=True):
+            turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
     ids = {split: [s.problem_id for s in ss] for split, ss in specs.items()}
     for split, pid in ids.items():
         assert len(set(pid)) == len(pid), f"synth: duplicate problem ids within {split}; change synth.seed"
