@@ -89,6 +89,16 @@ def pass_rate_filter(ordered_ids: list[str], table: Mapping[str, PassRate]) -> l
     return kept
 
 
+def band_first(kept: list[str], table: Mapping[str, PassRate]) -> list[str]:
+    """``kept`` with the probed, informative problems first (curriculum order kept within each part).
+
+    GRPO reads the dataset in order and takes only ``max_steps x prompts_per_step`` prompts on CPU;
+    unprobed problems interleaved by difficulty would otherwise come first and, being mostly easy,
+    give constant-reward groups (zero gradient)."""
+    band = [p for p in kept if p in table and informative(table[p])]
+    return band + [p for p in kept if p not in set(band)]
+
+
 def filter_summary(ordered_ids: list[str], table: Mapping[str, PassRate], kept: list[str]) -> dict[str, Any]:
     probed = [pid for pid in ordered_ids if pid in table]
     return {
