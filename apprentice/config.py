@@ -152,9 +152,9 @@ class RLConfig(Section):
 class StudentConfig(Section):
     source: str = Field("prune", description="'prune' (layer-drop of the teacher) or an HF id/path.")
     keep_every: int = Field(3, ge=1, description="Student size: as many decoder layers as every k-th plus the last.")
-    prune: Literal["every", "influence"] = Field(
+    prune: Literal["every", "influence", "block"] = Field(
         "every", description="Which layers: every k-th + last, or the most influential on the teacher's data "
-        "(ShortGPT block influence; first and last always kept).")
+        "(ShortGPT block influence; first and last always kept), or all but the most redundant contiguous block.")
     warmup_steps: int = Field(40, ge=0, description="SFT warm start of the student on teacher data.")
     warmup_lr: float = Field(1e-3, gt=0)
 

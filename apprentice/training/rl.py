@@ -94,6 +94,18 @@ def reward_trend(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"reward_first": ys[0], "reward_last": ys[-1], "reward_mean": my, "reward_slope": slope}
 
 
+def signal_share(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Share of GRPO steps that could move the model: some group had reward variance
+    (``frac_reward_zero_std`` < 1) and the gradient was not zero. A step where every group's rewards
+    are equal has zero advantages, hence zero policy gradient (with ``beta`` = 0): RL then only
+    costs time. The RL stage reports this so a run that learned nothing says so."""
+    steps = [r for r in rows if "frac_reward_zero_std" in r]
+    if not steps:
+        return {}
+    live = [r for r in steps if float(r["frac_reward_zero_std"]) < 1 and float(r.get("grad_norm", 0) or 0) > 0]
+    return {"signal_steps": len(live), "logged_steps": len(steps), "signal_share": len(live) / len(steps)}
+
+
 def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Path, rl: RLConfig, *,
                dtype: str = "auto", stamp: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
                reward_funcs: Sequence[Any] = (), extra_files: dict[str, str] | None = None,
@@ -145,6 +157,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
         "train_loss": float(out.training_loss),
         "problems": len(dataset),
         **reward_trend([r for r in rows if "train_loss" not in r]),
+        **signal_share([r for r in rows if "train_loss" not in r]),
         "wall_s": round(time.time() - t0, 1),
         "metrics": str(final_dir / common.METRICS_FILE),
     }

@@ -66,6 +66,36 @@ def block_influence(teacher: Any, batches: list[torch.Tensor]) -> list[float]:
     return [s / max(count, 1) for s in sums]
 
 
+@torch.no_grad()
+def block_similarity(teacher: Any, batches: list[torch.Tensor], n_drop: int) -> list[float]:
+    """Mean cosine between the residual stream before layer l and after layer l+n_drop-1, for each l
+    (Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers"): the most similar
+    pair marks the contiguous block of ``n_drop`` layers that changes the stream least."""
+    was = teacher.training
+    teacher.eval()
+    sums: list[float] = []
+    count = 0
+    for ids in batches:
+        hs = teacher(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        cos = [float(torch.nn.functional.cosine_similarity(hs[l].float(), hs[l + n_drop].float(), dim=-1).sum())
+               for l in range(len(hs) - n_drop)]
+        sums = cos if not sums else [a + b for a, b in zip(sums, cos, strict=True)]
+        count += hs[0].shape[0] * hs[0].shape[1]
+    teacher.train(was)
+    return [x / max(count, 1) for x in sums]
+
+
+def block_layers(similarity: list[float], n_layers: int, n_keep: int) -> list[int]:
+    """Keep everything but the contiguous block of ``n_layers - n_keep`` layers whose input and output
+    are most similar; the block never includes the first or the last layer."""
+    n_drop = n_layers - n_keep
+    if n_drop <= 0:
+        return list(range(n_layers))
+    starts = [l for l in range(1, n_layers - n_drop) if l + n_drop <= n_layers - 1]
+    best = max(starts, key=lambda l: similarity[l])
+    return [i for i in range(n_layers) if not best <= i < best + n_drop]
+
+
 def influence_layers(influence: list[float], n_keep: int) -> list[int]:
     """The ``n_keep`` layers with the highest influence, always including the first and the last."""
     n = len(influence)
@@ -143,12 +173,15 @@ def build_student(teacher: Any, source: str = "prune", keep_every: int = 3, *, t
     ``prune='influence'`` needs ``calibration``: a few token-id batches of the teacher's training data."""
     if source == "prune":
         keep = None
-        if prune == "influence":
+        if prune in ("influence", "block"):
             if not calibration:
-                raise ValueError("distill.student.prune=influence needs calibration sequences (the SFT set is empty?)")
-            text_cfg = teacher.config.get_text_config()
-            n_keep = len(kept_layers(int(text_cfg.num_hidden_layers), keep_every))
-            keep = influence_layers(block_influence(teacher, calibration), n_keep)
+                raise ValueError(f"distill.student.prune={prune} needs calibration sequences (the SFT set is empty?)")
+            n_layers = int(teacher.config.get_text_config().num_hidden_layers)
+            n_keep = len(kept_layers(n_layers, keep_every))
+            if prune == "influence":
+                keep = influence_layers(block_influence(teacher, calibration), n_keep)
+            else:
+                keep = block_layers(block_similarity(teacher, calibration, n_layers - n_keep), n_layers, n_keep)
         student = prune_layers(teacher, keep_every, keep)
         student.config.apprentice_kept_layers = keep or kept_layers(
             int(teacher.config.get_text_config().num_hidden_layers), keep_every)
