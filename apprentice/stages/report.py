@@ -82,6 +82,30 @@ def episodes_of(entry: dict[str, Any], paths: Paths) -> Path:
     return Paths(paths.root, int(entry["iteration"])).eval_dir / f"{entry['kind']}.parquet"
 
 
+def model_comparisons(paths: Paths) -> str:
+    """Per iteration, on the benchmark: RL vs SFT (exact McNemar) and the student's success as a share
+    of its teacher's (the RL model), with a paired bootstrap interval and the parameter ratio."""
+    from apprentice.evaluation import paired_test, success_ratio
+    from apprentice.trajectories import read_parquet
+
+    lines = []
+    for j in range(1, paths.iteration + 1):
+        d = Paths(paths.root, j).eval_dir
+        tables = {m: read_parquet(d / f"{m}.parquet") for m in ("sft", "rl", "student") if (d / f"{m}.parquet").exists()}
+        if "rl" in tables and "sft" in tables:
+            t = paired_test(tables["rl"], tables["sft"])
+            lines.append(f"iter {j} rl vs sft: {t['success_rate_a']:.3f} vs {t['success_rate_b']:.3f}; only rl "
+                         f"{t['a_only']}, only sft {t['b_only']}; exact McNemar p = {t['p_value']:.4g}")
+        if "student" in tables and "rl" in tables:
+            r = success_ratio(tables["student"], tables["rl"])
+            info = Paths(paths.root, j).student_model / "student.json"
+            params = json.loads(info.read_text()).get("param_ratio") if info.exists() else None
+            lines.append(f"iter {j} student / teacher (rl) success: {r['ratio']:.2f} [{r['ci_low']:.2f}, "
+                         f"{r['ci_high']:.2f}] ({r['method']}); student params "
+                         + (f"{100 * params:.1f} % of the teacher's" if params else "unknown"))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def champion_trend(paths: Paths) -> str:
     """Champion after each promotion, and this iteration's champion vs the previous one's (exact McNemar)."""
     from apprentice.evaluation import paired_test
@@ -126,8 +150,9 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                 spec = _chart(df, f"iteration {paths.iteration}: {name}")
                 (tmp / f"{name}.png").write_bytes(vlc.vegalite_to_png(spec, scale=1.5))
                 written.append(str(out / f"{name}.png"))
-        trend = champion_trend(paths)
+        trend, pairs = champion_trend(paths), model_comparisons(paths)
         (tmp / "eval.md").write_text(f"benchmark ({paths.benchmark.name}, the same problems in every iteration):\n"
-                                     + benchmark_table(paths) + ("\n" + trend if trend else ""))
+                                     + benchmark_table(paths) + ("\n" + pairs if pairs else "")
+                                     + ("\n" + trend if trend else ""))
     print((out / "eval.md").read_text())
     return {"curves": written, "eval_table": str(out / "eval.md")}

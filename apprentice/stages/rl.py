@@ -70,7 +70,8 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
             picked = ordered
         summary = curriculum.filter_summary(ids, table, picked["problem_id"].tolist())
         return picked, {**summary, "sampler": cfg.curriculum.sampler, **fed}
-    kept = curriculum.band_first(curriculum.pass_rate_filter(ids, table), table)
+    strata = {r["problem_id"]: (r["family"], int(r["level"])) for r in ordered.to_dict("records")}
+    kept = curriculum.band_first(curriculum.pass_rate_filter(ids, table), table, strata)
     summary = curriculum.filter_summary(ids, table, kept)
     by_id = ordered.set_index("problem_id", drop=False)
     return by_id.loc[kept].reset_index(drop=True), {**summary, **fed}
