@@ -131,8 +131,10 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
     if isinstance(model, str | Path):
         model = load_model(model, dtype="fp32")
     model.train()
+    total = rl.prompts_per_step * rl.num_generations  # episodes per optimizer step (one generation batch)
+    micro = min(rl.micro_batch_size, total)
     args = common.trl_args(
-        GRPOConfig, work, dtype=dtype, max_steps=rl.max_steps, batch_size=rl.prompts_per_step * rl.num_generations,
+        GRPOConfig, work, dtype=dtype, max_steps=rl.max_steps, batch_size=micro, grad_accum=total // micro,
         learning_rate=rl.learning_rate, save_steps=rl.save_steps, seed=rl.seed,
         num_generations=rl.num_generations, max_completion_length=rl.max_completion_length,
         max_tool_calling_iterations=rl.max_tool_calls, beta=rl.beta, shuffle_dataset=False,
