@@ -71,6 +71,7 @@ def self_improve(profile: str = "default", repo: str | None = None) -> dict:
                 stages.append(prepare_base(StageContext(str(root), str(wd), profile, None, parent)))
             stages += [TASKS[s](ctx) for s in dvcgen.ITERATION_STAGES]
             promo = next(s["result"] for s in stages if s["stage"] == f"promote-{k}")
+            lineage.log_artifacts(parent, [wd / "reports" / f"iter_{k}" / "index.html"])  # the iteration's page
             lineage.set_tags(parent, {"promote.promoted": bool(promo.get("promoted")),
                                       "dvc.executed_stages": ",".join(s["stage"] for s in stages if s["executed"])})
         summary["iterations"].append({"iteration": k, "parent_run_id": parent, "stages": stages})
@@ -89,6 +90,7 @@ def where_to_look(wd: Path, uri: str, k: int) -> str:
         f"\npromotion: {_promotion_line(promo)}",
         "\nwhere to look:",
         f"  MLflow UI:      mlflow ui --backend-store-uri {uri} --port 5000   (then http://127.0.0.1:5000)",
+        f"  iteration report: {rep / 'index.html'}   (self-contained; open it in any browser)",
         f"  gate report:    {rep / 'gate.html'}",
         f"  learning curves: {', '.join(pngs) or '(none)'}",
         f"  promotion:      {rep / 'promotion.json'}",

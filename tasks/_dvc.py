@@ -44,7 +44,7 @@ _RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "evolve": ["data/it
                  "evaluate": [f"data/iter_{{k}}/eval/{p}.json" for p in dvcgen.EVAL_POLICIES]}
 _ARTIFACTS = {"validate": ["reports/iter_{k}/gate.html", "reports/iter_{k}/gate.json"],
               "promote": ["reports/iter_{k}/promotion.json"],
-              "report": ["reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
+              "report": ["reports/iter_{k}/index.html", "reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
                                                                for c, _ in dvcgen.CURVES]}
 _STEP_METRICS = {stage: f"models/iter_{{k}}/{out}/metrics.jsonl" for stage, out in dvcgen.CURVES}
 

@@ -4,6 +4,11 @@ Training stages write ``metrics.jsonl`` next to their model; DVC plots cannot re
 stage writes ``reports/iter_k/curves/<stage>.csv`` (the DVC plots declared in ``dvc.yaml``), renders
 each as a PNG with ``vl-convert`` (bundled Vega, no CDN, no browser) and writes ``eval.md``, the
 evaluation table of every policy evaluated this iteration.
+
+It also writes ``reports/iter_k/index.html`` (:mod:`apprentice.report_html`): the one page that shows
+the iteration (learning table, breakdowns, curves, gate, promotion, lineage, champion trend). Under
+the Prefect flow (``MLFLOW_RUN_ID`` set) the page lists the iteration's MLflow run ids; the flow logs
+it as an artifact of the report run and of the iteration run.
 """
 
 from __future__ import annotations
@@ -72,4 +77,19 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                 written.append(str(out / f"{name}.png"))
         (tmp / "eval.md").write_text(eval_table(paths.eval_dir))
     print((out / "eval.md").read_text())
-    return {"curves": written, "eval_table": str(out / "eval.md")}
+    page = write_page(paths)
+    print(f"iteration report: {page}")
+    return {"curves": written, "eval_table": str(out / "eval.md"), "report": str(page)}
+
+
+def write_page(paths: Paths) -> Path:
+    """``reports/iter_k/index.html``, with the MLflow run ids when the flow runs this stage."""
+    import os
+
+    from apprentice import lineage, report_html
+
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    runs = lineage.iteration_runs(run_id) if run_id else {}
+    if runs and os.environ.get("APPRENTICE_MLFLOW_UI"):
+        runs["ui_url"] = os.environ["APPRENTICE_MLFLOW_UI"]
+    return report_html.write(paths, runs, lineage.git_commit(paths.root))
