@@ -202,7 +202,10 @@ def _f(v: Any, fmt: str = ".2f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def _table(head: Iterable[str], rows: Iterable[Iterable[Any]], left: int = 1, cls: str = "") -> str:
+def _table(head: Iterable[str] | None, rows: Iterable[Iterable[Any]], left: int = 1, cls: str = "") -> str:
+    if head is None:  # a key/value table
+        body = "".join(f'<tr><th class="l">{k}</th><td class="l">{v}</td></tr>' for k, v in rows)
+        return f'<table class="{cls}"><tbody>{body}</tbody></table>'
     h = "".join(f'<th class="l">{_e(c)}</th>' if i < left else f"<th>{_e(c)}</th>" for i, c in enumerate(head))
     body = "".join("<tr>" + "".join(f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
@@ -344,7 +347,7 @@ def _promotion(promo: dict[str, Any], alpha: Any) -> str:
     if not promo:
         return _missing("promotion decision", "Run <code>python -m apprentice promote</code>.")
     won = bool(promo.get("promoted"))
-    verdict = (f'<span class="ok">promoted to champion</span>' if won
+    verdict = ('<span class="ok">promoted to champion</span>' if won
                else '<span class="bad">kept as challenger</span>; the champion stays')
     card = (f'<div class="card"><p class="verdict"><b>{_e(promo.get("registered_model"))} '
             f'v{_e(promo.get("version"))}</b> ({_e(promo.get("candidate"))}): {verdict}.</p>'
@@ -362,7 +365,7 @@ def _promotion(promo: dict[str, Any], alpha: Any) -> str:
                                         f"v{_e(promo.get('champion_version'))}"],
             ["weights (DVC)", f"<code>{_e(promo.get('weights_path', ''))}</code> md5 "
                               f"<code>{_e(promo.get('dvc_md5', ''))}</code>"]]
-    return card + _table(["", ""], rows, left=2)
+    return card + _table(None, rows)
 
 
 def _trend(tr: list[dict[str, Any]]) -> str:
@@ -386,10 +389,11 @@ def _trend(tr: list[dict[str, Any]]) -> str:
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json", "width": 420, "height": 180,
         "title": "champion across iterations", "data": {"values": values},
         "layer": [{"transform": [{"filter": "datum.who == 'challenger'"}], "mark": {"type": "rule"},
-                   "encoding": {"x": x, "y": {"field": "lo", "type": "quantitative"}, "y2": {"field": "hi"}}},
+                   "encoding": {"x": x, "y": {"field": "lo", "type": "quantitative", "title": "held-out success"},
+                                "y2": {"field": "hi"}}},
                   {"mark": {"type": "line", "point": True},
                    "encoding": {"x": x, "y": {"field": "success", "type": "quantitative", "scale": {"domain": [0, 1]},
-                                              "axis": {"format": "%"}},
+                                              "axis": {"format": "%"}, "title": "held-out success"},
                                 "color": {"field": "who", "type": "nominal"}}}]})
     return table + chart
 
