@@ -18,6 +18,7 @@ defaults to ``<repo>/.prefect``); schedules need ``make serve`` (see ``prefect.y
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from pathlib import Path
@@ -75,9 +76,30 @@ def self_improve(profile: str = "default", repo: str | None = None) -> dict:
             lineage.set_tags(parent, {"promote.promoted": bool(promo.get("promoted")),
                                       "dvc.executed_stages": ",".join(s["stage"] for s in stages if s["executed"])})
         summary["iterations"].append({"iteration": k, "parent_run_id": parent, "stages": stages})
+    print(wall_time_table(summary["iterations"]))
     print(where_to_look(wd, uri, cfg.pipeline.iterations))
     print(f"  MLflow store:    {lineage.store_summary(cfg.lineage.experiment, cfg.promote.registered_model)}")
     return summary
+
+
+def wall_time_table(iterations: list[dict]) -> str:
+    """Per stage: wall time (DVC + MLflow logging included) and whether it ran or DVC skipped it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="wall time per stage")
+    for col, j in (("stage", "left"), ("ran", "left"), ("wall", "right"), ("share", "right")):
+        table.add_column(col, justify=j)  # type: ignore[arg-type]
+    rows = [s for it in iterations for s in it["stages"]]
+    total = sum(s.get("wall_s", 0.0) for s in rows) or 1.0
+    for s in rows:
+        w = s.get("wall_s", 0.0)
+        table.add_row(s["stage"], "ran" if s["executed"] else "skipped (unchanged)", f"{w / 60:.1f} min" if w >= 60
+                      else f"{w:.1f} s", f"{100 * w / total:.0f}%")
+    table.add_row("total", "", f"{total / 60:.1f} min", "100%", end_section=True)
+    buf = io.StringIO()
+    Console(file=buf, width=100, color_system=None).print(table)
+    return buf.getvalue()
 
 
 def where_to_look(wd: Path, uri: str, k: int) -> str:
