@@ -28,7 +28,7 @@ COPY = ["apprentice", "tasks", "flows", "expectations", "params.yaml", "prefect.
 POOL = "apprentice-local"  # prefect.yaml's work pool
 #: The quick profile, shorter still, over two iterations: iteration 2 registers version 2, so the
 #: registry shows both aliases and the report a champion trend.
-FAST = {"pipeline": {"iterations": 2}, "model": {"base": "models/tiny"},
+FAST = {"model": {"base": "models/tiny"},
         "synth": {"n_train": 12, "n_eval": 8, "levels": [0]},
         "sft": {"max_steps": 2, "batch_size": 4, "save_steps": 1},
         "rl": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 32,
@@ -38,12 +38,13 @@ FAST = {"pipeline": {"iterations": 2}, "model": {"base": "models/tiny"},
         "evaluate": {"max_new_tokens": 24, "batch_size": 8}}
 
 
-def _fill(profile: dict, over: dict) -> dict:
-    for k, v in over.items():
+def _fill(profile: dict, defaults: dict) -> dict:
+    """Sizes where the quick profile leaves a key unset (quick's own values win, as in test_pipeline)."""
+    for k, v in defaults.items():
         if isinstance(v, dict):
             _fill(profile.setdefault(k, {}), v)
         else:
-            profile[k] = v
+            profile.setdefault(k, v)
     return profile
 
 
@@ -55,7 +56,9 @@ def make_project(root: Path, env: dict[str, str]) -> None:
         else:
             shutil.copy2(src, root / name)
     quick = root / "apprentice/profiles/quick.yaml"
-    quick.write_text(yaml.safe_dump(_fill(yaml.safe_load(quick.read_text()) or {}, FAST), sort_keys=False))
+    profile = _fill(yaml.safe_load(quick.read_text()) or {}, FAST)
+    profile.setdefault("pipeline", {})["iterations"] = 2
+    quick.write_text(yaml.safe_dump(profile, sort_keys=False))
     for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"],
                 [sys.executable, "-m", "dvc", "config", "core.analytics", "false"], ["git", "add", "-A"],
                 ["git", "commit", "-qm", "init"]):
