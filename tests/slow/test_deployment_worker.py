@@ -32,3 +32,15 @@ def test_second_trigger_waits_for_the_running_one(deployed):
     assert "AwaitingConcurrencySlot" in deployed["states"]["second"], deployed["states"]
     assert second.state.is_completed(), second.state
     assert second.start_time >= first.end_time  # it ran only after the first had finished
+
+
+def test_prefect_ui_shows_the_completed_run(deployed):
+    """Where `make serve` sends people: the flow run page, with one task run per stage."""
+    from uitools import chromium, screenshot, wait_for
+
+    ui = deployed["api"].removesuffix("/api")
+    with chromium() as d:
+        d.get(f"{ui}/runs/flow-run/{deployed['first'].id}")
+        text = wait_for(d, lambda t: "Completed" in t and deployed["first"].name in t, "the completed flow run")
+        assert "self-improve" in text
+        screenshot(d, "prefect_flow_run")
