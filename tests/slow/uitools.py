@@ -78,7 +78,8 @@ def screenshot(driver, name: str, full_page: bool = False) -> Path:
 
 
 def slow_only() -> list[pytest.MarkDecorator]:
-    return [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("APPRENTICE_RUN_SLOW"),
+    # the timeout covers the session fixture (a deployed run of two iterations), which the first test pays for
+    return [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.skipif(not os.environ.get("APPRENTICE_RUN_SLOW"),
                                                  reason="UI suite: set APPRENTICE_RUN_SLOW=1 (minutes; .ci/run does)")]
 
 
