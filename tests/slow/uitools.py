@@ -89,7 +89,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1500) -> None:
     import httpx
 
     t0 = time.time()
