@@ -87,8 +87,8 @@ def test_registry_shows_versions_and_aliases_and_links_back_to_the_run(mlflow_ui
         v = str(aliases["challenger"])
         mv = c.get_model_version(MODEL, v)
         d.get(f"{mlflow_ui}/#/models/{MODEL}/versions/{v}")
-        wait_for(d, lambda t: f"Version {v}" in t and "Source run" in t.replace("Source Run", "Source run"),
-                 "the version page with its source run")
+        wait_for(d, lambda t: f"Version {v}" in t and "Source Run" in t and "promote-" in t and "@ challenger" in t,
+                 "the version page with its source run and alias")
         _close_assistant(d)
         screenshot(d, "mlflow_version")
         link = d.find_element("css selector", f"a[href*='{mv.run_id}']")
