@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRL_EXPERIMENTAL_SILENCE := 1
 
-.PHONY: setup run test test-unit bench lint serve clean-venv
+.PHONY: setup run test test-unit test-slow bench lint serve clean-venv
 
 setup: $(STAMP)   ## create .venv with the pinned dependency set (idempotent)
 
@@ -30,6 +30,9 @@ run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect 
 
 test: $(STAMP)   ## unit + integration tests (real stack, tiny model)
 	$(BIN)/python -m pytest -q tests
+
+test-slow: $(STAMP)   ## slow suite (.ci/run): deployment + worker, MLflow UI and report in headless Chromium
+	APPRENTICE_RUN_SLOW=1 APPRENTICE_QUIET=1 $(BIN)/python -m pytest -q -m slow tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "not integration"

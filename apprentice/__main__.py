@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from apprentice.progress import apply_quiet
+
+    apply_quiet()  # APPRENTICE_QUIET=1: no progress bars (CI logs)
     args = _parser().parse_args(argv)
     from apprentice.config import ConfigError, load_config
     from apprentice.paths import Paths

@@ -63,7 +63,7 @@ CODE: dict[str, list[str]] = {
                  "apprentice/rollout.py", "apprentice/policies", "apprentice/envs", "apprentice/templates"],
     "promote": ["apprentice/stages/promote.py", "apprentice/lineage.py", "apprentice/evaluation.py",
                 "apprentice/gates.py"],
-    "report": ["apprentice/stages/report.py"],
+    "report": ["apprentice/stages/report.py", "apprentice/report_html.py"],
 }
 
 #: params sections (or single keys) each stage reads; expanded to one entry per leaf key.
@@ -213,9 +213,13 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                                        "student": [f"{m}/student"]}},
             "promote": {"deps": [f"{d}/eval", "data/benchmark/eval"], "outs": [],
                         "metrics": [{f"{r}/promotion.json": {"cache": False}}]},
+            # index.html: the iteration's one-page report (gate exclusions from the teacher rows,
+            # the champion trend from every earlier promotion); eval.md: every iteration's models on the benchmark
             "report": {"deps": [f"{m}/{out}/metrics.jsonl" for _, out in CURVES] + [f"{d}/eval", "data/benchmark/eval"]
-                       + [f"data/iter_{j}/eval" for j in range(1, k)] + [f"{r}/promotion.json"],
-                       "outs": [{f"{r}/curves": {"cache": False}}]},
+                       + [f"data/iter_{j}/eval" for j in range(1, k)]
+                       + [f"{r}/gate.json", f"{d}/teacher.parquet"]
+                       + [f"reports/iter_{j}/promotion.json" for j in range(1, k + 1)],
+                       "outs": [{f"{r}/curves": {"cache": False}}, {f"{r}/index.html": {"cache": False}}]},
         }
         for stage in ITERATION_STAGES:
             spec: dict[str, Any] = {"cmd": _cmd(stage, k), "deps": _code(stage, prefix, repo) + io[stage]["deps"]}

@@ -389,3 +389,22 @@ def store_summary(experiment: str, model_name: str) -> str:
     return (f"{len(runs) - len(nested)} iteration runs, {len(nested)} stage runs, {datasets} dataset inputs, "
             f"{n_versions} versions of '{model_name}', aliases {aliases(model_name) or '{}'}")
 
+
+
+def iteration_runs(run_id: str) -> dict[str, Any]:
+    """For the iteration report: the parent run of ``run_id`` (a stage run) and its stage runs.
+
+    Returns ``{"tracking_uri", "experiment_id", "parent": {"run_id", "name"}, "stages": {name: run_id}}``;
+    an empty dict when the store or the run cannot be read (the report then says so)."""
+    client = MlflowClient()
+    try:
+        run = client.get_run(run_id)
+        parent_id = run.data.tags.get("mlflow.parentRunId", run_id)
+        parent = client.get_run(parent_id)
+        children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'",
+                                      max_results=500)
+    except mlflow.exceptions.MlflowException:
+        return {}
+    return {"tracking_uri": mlflow.get_tracking_uri(), "experiment_id": parent.info.experiment_id,
+            "parent": {"run_id": parent_id, "name": parent.info.run_name},
+            "stages": {r.info.run_name: r.info.run_id for r in sorted(children, key=lambda r: r.info.start_time)}}

@@ -90,17 +90,28 @@ class MicroBatcher:
         self.q.put((params, messages, tools, fut))
         return fut
 
+    def next_batch(self, held: list) -> list:
+        """The oldest request plus every request with its sampling settings: first those held back
+        from earlier windows (in arrival order), then what arrives within ``window_s``; requests
+        with other settings are held for a later batch. (Held requests used to be served one per
+        ``generate`` call, never batched together.)"""
+        batch = [held.pop(0) if held else self.q.get()]
+        for item in [h for h in held if h[0] == batch[0][0]][: self.batch_size - 1]:
+            held.remove(item)
+            batch.append(item)
+        deadline = time.monotonic() + self.window_s
+        while len(batch) < self.batch_size:
+            try:
+                item = self.q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            (batch if item[0] == batch[0][0] else held).append(item)
+        return batch
+
     def _loop(self) -> None:
         held: list = []
         while True:
-            batch = [held.pop(0) if held else self.q.get()]
-            deadline = time.monotonic() + self.window_s
-            while len(batch) < self.batch_size:
-                try:
-                    item = self.q.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                (batch if item[0] == batch[0][0] else held).append(item)
+            batch = self.next_batch(held)
             temperature, top_p, max_tokens = batch[0][0]
             try:
                 turns = self.policy.complete([b[1] for b in batch], [b[2] for b in batch],

@@ -18,6 +18,7 @@ defaults to ``<repo>/.prefect``); schedules need ``make serve`` (see ``prefect.y
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -77,9 +78,11 @@ def self_improve(profile: str = "default", repo: str | None = None) -> dict:
                 stages += [prepare_base(once), benchmark(once)]
             stages += [TASKS[s](ctx) for s in dvcgen.ITERATION_STAGES]
             promo = next(s["result"] for s in stages if s["stage"] == f"promote-{k}")
+            lineage.log_artifacts(parent, [wd / "reports" / f"iter_{k}" / "index.html"])  # the iteration's page
             lineage.set_tags(parent, {"promote.promoted": bool(promo.get("promoted")),
                                       "dvc.executed_stages": ",".join(s["stage"] for s in stages if s["executed"])})
         summary["iterations"].append({"iteration": k, "parent_run_id": parent, "stages": stages})
+    print(wall_time_table(summary["iterations"]))
     print(where_to_look(wd, uri, cfg.pipeline.iterations))
     print(f"  MLflow store:    {lineage.store_summary(cfg.lineage.experiment, cfg.promote.registered_model)}")
     print(resource_table(wd, flow_run, time.perf_counter() - t_flow))
@@ -112,6 +115,26 @@ def resource_table(wd: Path, flow_run: str, total_s: float) -> str:
     return "\n".join(out)
 
 
+def wall_time_table(iterations: list[dict]) -> str:
+    """Per stage: wall time (DVC + MLflow logging included) and whether it ran or DVC skipped it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="wall time per stage")
+    for col, j in (("stage", "left"), ("ran", "left"), ("wall", "right"), ("share", "right")):
+        table.add_column(col, justify=j)  # type: ignore[arg-type]
+    rows = [s for it in iterations for s in it["stages"]]
+    total = sum(s.get("wall_s", 0.0) for s in rows) or 1.0
+    for s in rows:
+        w = s.get("wall_s", 0.0)
+        table.add_row(s["stage"], "ran" if s["executed"] else "skipped (unchanged)", f"{w / 60:.1f} min" if w >= 60
+                      else f"{w:.1f} s", f"{100 * w / total:.0f}%")
+    table.add_row("total", "", f"{total / 60:.1f} min", "100%", end_section=True)
+    buf = io.StringIO()
+    Console(file=buf, width=100, color_system=None).print(table)
+    return buf.getvalue()
+
+
 def where_to_look(wd: Path, uri: str, k: int) -> str:
     rep = wd / "reports" / f"iter_{k}"
     table = (rep / "curves" / "eval.md").read_text() if (rep / "curves" / "eval.md").exists() else "(none)"
@@ -122,6 +145,7 @@ def where_to_look(wd: Path, uri: str, k: int) -> str:
         f"\npromotion: {_promotion_line(promo)}",
         "\nwhere to look:",
         f"  MLflow UI:      mlflow ui --backend-store-uri {uri} --port 5000   (then http://127.0.0.1:5000)",
+        f"  iteration report: {rep / 'index.html'}   (self-contained; open it in any browser)",
         f"  gate report:    {rep / 'gate.html'}",
         f"  learning curves: {', '.join(pngs) or '(none)'}",
         f"  promotion:      {rep / 'promotion.json'}",

@@ -20,10 +20,13 @@ for _ in $(seq 1 90); do
   sleep 1
 done
 curl -fs "$PREFECT_API_URL/health" >/dev/null || { echo "prefect server did not start in 90 s; see $PREFECT_HOME/server.log" >&2; exit 1; }
-echo "Prefect UI: http://127.0.0.1:${PORT}"
+echo "Prefect UI: http://127.0.0.1:${PORT}   (runs: /runs, this deployment: /deployments, worker: /work-pools)"
 
 "$BIN/prefect" work-pool inspect "$POOL" >/dev/null 2>&1 || "$BIN/prefect" work-pool create "$POOL" --type process
 "$BIN/prefect" --no-prompt deploy --all
 echo "deployment apprentice/nightly registered (cron 0 2 * * * UTC); run it now with:"
 echo "  PREFECT_API_URL=$PREFECT_API_URL $BIN/prefect deployment run self-improve/nightly"
+echo "inspect a run: Prefect UI -> Runs -> the run (task per stage, logs, timeline); its lineage:"
+echo "  $BIN/mlflow ui --backend-store-uri sqlite:///$PWD/mlruns.db --port 5000   (http://127.0.0.1:5000)"
+echo "  and the iteration's page: reports/iter_<k>/index.html"
 "$BIN/prefect" worker start --pool "$POOL"

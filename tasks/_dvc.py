@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,7 @@ _RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "evolve": ["data/it
 _TAG_KEYS = {"sft": ("start_model.",), "promote": ("champion.",)}
 _ARTIFACTS = {"validate": ["reports/iter_{k}/gate.html", "reports/iter_{k}/gate.json"],
               "promote": ["reports/iter_{k}/promotion.json"],
-              "report": ["reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
+              "report": ["reports/iter_{k}/index.html", "reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
                                                                for c, _ in dvcgen.CURVES]}
 _STEP_METRICS = {stage: f"models/iter_{{k}}/{out}/metrics.jsonl" for stage, out in dvcgen.CURVES}
 
@@ -103,11 +104,12 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
     raw = yaml.safe_load((wd / "params.yaml").read_text()) or {}
     params = {key: raw.get(key.split(".")[0]) for key in dvcgen.PARAMS[stage] if "." not in key}
     fmt = {"k": k}
+    t0 = time.monotonic()
     if ctx.parent_run_id is None:  # no lineage (e.g. prepare-base outside an iteration)
         rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, None))
         if rc:
             raise StageFailed(f"stage {name} failed (exit {rc}); last output:\n{tail}")
-        return {"stage": name, "executed": executed}
+        return {"stage": name, "executed": executed, "wall_s": round(time.monotonic() - t0, 1)}
     with lineage.stage_run(ctx.parent_run_id, name, k or 0, ctx.profile) as run_id:
         rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, run_id))
         lineage.log_artifacts(run_id, [wd / p.format(**fmt) for p in _ARTIFACTS.get(stage, [])])
@@ -122,4 +124,5 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
                 lineage.set_tags(run_id, _flat_strings(f, _TAG_KEYS[stage]))
         step_files = [wd / _STEP_METRICS[stage].format(**fmt)] if stage in _STEP_METRICS else []
         logged = lineage.log_stage(run_id, dvcgen.dvc_stages(stage, k), wd, executed, params, step_files, result)
-    return {"stage": name, "executed": executed, "run_id": run_id, **logged, "result": result}
+    return {"stage": name, "executed": executed, "run_id": run_id, "wall_s": round(time.monotonic() - t0, 1), **logged,
+            "result": result}

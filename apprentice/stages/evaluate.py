@@ -21,6 +21,7 @@ from typing import Any
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import format_table, summarize
 from apprentice.paths import Paths, atomic_path
+from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
 from apprentice.rollout import run_episodes
 from apprentice.stages.rollout import (
     FINGERPRINT_KEY,
@@ -61,7 +62,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     if df is None:
         pol = build_policy(pol_cfg, cfg, paths)
         trajs = run_episodes(problems, pol, samples_per_problem=ec.samples_per_problem,
-                             batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed,
+                             batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=cfg.pipeline.seed,
                              policy_id=name, max_format_errors=ec.max_format_errors)
         df = trajectories_frame(trajs)
         df.attrs[FINGERPRINT_KEY] = fp

@@ -5,6 +5,11 @@ stage writes ``reports/iter_k/curves/<stage>.csv`` (the DVC plots declared in ``
 each as a PNG with ``vl-convert`` (bundled Vega, no CDN, no browser) and writes ``eval.md``: one row
 per model per iteration on the fixed benchmark (the base model once), which model is champion after
 each promotion, and the paired test of this iteration's champion against the previous one's.
+
+It also writes ``reports/iter_k/index.html`` (:mod:`apprentice.report_html`): the one page that shows
+the iteration (learning table, breakdowns, curves, gate, promotion, lineage, champion trend). Under
+the Prefect flow (``MLFLOW_RUN_ID`` set) the page lists the iteration's MLflow run ids; the flow logs
+it as an artifact of the report run and of the iteration run.
 """
 
 from __future__ import annotations
@@ -155,4 +160,19 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                                      + benchmark_table(paths) + ("\n" + pairs if pairs else "")
                                      + ("\n" + trend if trend else ""))
     print((out / "eval.md").read_text())
-    return {"curves": written, "eval_table": str(out / "eval.md")}
+    page = write_page(paths)
+    print(f"iteration report: {page}")
+    return {"curves": written, "eval_table": str(out / "eval.md"), "report": str(page)}
+
+
+def write_page(paths: Paths) -> Path:
+    """``reports/iter_k/index.html``, with the MLflow run ids when the flow runs this stage."""
+    import os
+
+    from apprentice import lineage, report_html
+
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    runs = lineage.iteration_runs(run_id) if run_id else {}
+    if runs and os.environ.get("APPRENTICE_MLFLOW_UI"):
+        runs["ui_url"] = os.environ["APPRENTICE_MLFLOW_UI"]
+    return report_html.write(paths, runs, lineage.git_commit(paths.root))

@@ -22,6 +22,7 @@ import pandas as pd
 
 from apprentice.config import Config
 from apprentice.paths import Paths, atomic_path
+from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
 from apprentice.stages.evolve import out_dir
 
 CURRICULUM_FILE = "curriculum.json"
@@ -126,7 +127,7 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
 
     trajs = run_episodes(problems, policy, samples_per_problem=cfg.rl.probe_samples,
                          max_turns=cfg.rl.max_tool_calls, batch_size=cfg.evaluate.batch_size,
-                         seed=cfg.rl.seed, progress=True, max_format_errors=cfg.evaluate.max_format_errors,
+                         seed=cfg.rl.seed, progress=enabled(), max_format_errors=cfg.evaluate.max_format_errors,
                          episode_tokens=cfg.rl.max_completion_length, count_tokens=tool_turn_tokens)
     model.train(was_training)
     return pass_rates([t.problem_id for t in trajs], [t.success for t in trajs])

@@ -23,6 +23,7 @@ import pandas as pd
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import summarize
 from apprentice.paths import Paths
+from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
 from apprentice.rollout import run_episodes
 from apprentice.trajectories import read_parquet, trajectories_frame, write_parquet
 
@@ -140,7 +141,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     if df is None:
         pol = build_policy(pol_cfg, cfg, paths)
         trajs = run_episodes(problems, pol, samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
-                             batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed)
+                             batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=cfg.pipeline.seed)
         df = trajectories_frame(trajs)
         df.attrs[FINGERPRINT_KEY] = fp
         write_parquet(df, target)

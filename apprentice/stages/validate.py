@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 from tqdm.auto import tqdm
 
 from apprentice import gates
@@ -20,15 +21,27 @@ from apprentice.paths import Paths
 from apprentice.trajectories import read_parquet, write_parquet
 
 
+def sft_rows(teacher: pd.DataFrame, success_only: bool) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The SFT set drawn from the teacher rows, and how many rows each rule excluded (first reason
+    that applies, in this order), so the iteration report can say what the gate left out and why."""
+    failed = ~teacher["success"].astype(bool) if success_only else pd.Series(False, index=teacher.index)
+    truncated = ~failed & teacher["truncated"].astype(bool)
+    rest = ~failed & ~truncated
+    # SFT learns only complete episodes whose every tool call is well-formed (the suite re-checks it).
+    bad_calls = rest & ~gates.tool_calls_valid(teacher).reindex(teacher.index, fill_value=False)
+    sft = teacher[rest & ~bad_calls].reset_index(drop=True)
+    excluded = {"failed episode (validate.success_only)": int(failed.sum()), "truncated episode": int(truncated.sum()),
+                "malformed tool call": int(bad_calls.sum())}
+    return sft, excluded
+
+
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     v = cfg.validate_
     problems = read_parquet(paths.problems)
     eval_problems = read_parquet(paths.eval_problems)
     teacher = read_parquet(paths.teacher_trajectories)
     eval_ids = sorted(eval_problems["problem_id"].astype(str).unique())
-    sft = teacher[teacher["success"].astype(bool)] if v.success_only else teacher
-    # SFT learns only complete episodes whose every tool call is well-formed (the suite re-checks it).
-    sft = sft[~sft["truncated"].astype(bool) & gates.tool_calls_valid(sft)].reset_index(drop=True)
+    sft, _ = sft_rows(teacher, v.success_only)
     # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
     # yields a byte-identical SFT set, and DVC does not retrain SFT (10 min on CPU) for nothing.
     sft = sft.drop(columns=["wall_s"], errors="ignore")

@@ -41,7 +41,7 @@ from trl import DistillationTrainer
 
 from apprentice.config import DistillConfig
 from apprentice.modeling import autocast
-from apprentice.training import common
+from apprentice.training import common, loggers
 
 DIVERGENCE_BETA = {"forward_kl": 0.0, "reverse_kl": 1.0}
 
@@ -225,7 +225,7 @@ def train_distill(student: Any, teacher: Any, tokenizer: Any, rows: Sequence[dic
     common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
     trainer = make_trainer(distill, student=student, teacher=teacher, tokenizer=tokenizer, dataset=dataset,
                            output_dir=work, dtype=dtype, apprentice_cfg=apprentice_cfg,
-                           callbacks=[common.MetricsCallback(metrics, stage), *callbacks])
+                           callbacks=[common.MetricsCallback(metrics, stage), *loggers.callbacks(stage), *callbacks])
     out = trainer.train(resume_from_checkpoint=ckpt)
     common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics,
                     extra_files=extra_files)

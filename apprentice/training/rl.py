@@ -37,7 +37,7 @@ from trl import GRPOTrainer
 
 from apprentice.config import RLConfig
 from apprentice.modeling import autocast
-from apprentice.training import common
+from apprentice.training import common, loggers
 
 
 class CurriculumGRPOTrainer(GRPOTrainer):
@@ -145,7 +145,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
     trainer = CurriculumGRPOTrainer(
         model=model, reward_funcs=list(reward_funcs) or None, args=args, train_dataset=dataset,
         processing_class=tokenizer, environment_factory=dict(classes),
-        callbacks=[common.MetricsCallback(metrics, stage), *callbacks],
+        callbacks=[common.MetricsCallback(metrics, stage), *loggers.callbacks(stage), *callbacks],
         rollout_dtype="bf16" if args.bf16 else "fp32",
     )
     out = trainer.train(resume_from_checkpoint=ckpt)

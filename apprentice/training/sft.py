@@ -27,7 +27,7 @@ import torch
 from trl import SFTTrainer
 
 from apprentice.config import SFTConfig
-from apprentice.training import common
+from apprentice.training import common, loggers
 
 
 def _render_len(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
@@ -190,7 +190,7 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
     trainer = ApprenticeSFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora_config(sft.lora_r) if sft.lora else None,
-        callbacks=[common.MetricsCallback(metrics, stage), *callbacks],
+        callbacks=[common.MetricsCallback(metrics, stage), *loggers.callbacks(stage), *callbacks],
     )
     try:
         out = trainer.train(resume_from_checkpoint=ckpt)

@@ -1,0 +1,124 @@
+"""The slow UI suite's one shared project: prefect.yaml's deployment, run by a real worker.
+
+Session fixture ``deployed``: a git + DVC copy of the project in a tmp dir (the quick profile shrunk
+to two short iterations, as ``tests/integration/test_pipeline.py`` does for one), a real
+``prefect server start``, ``prefect deploy`` of the ``nightly`` deployment with
+``profile=quick``, a process worker, and two triggers: the second sent while the first runs, so
+the deployment's concurrency limit must hold it. The MLflow store and the reports that run writes
+are what the MLflow-UI and report browser tests look at.
+
+These tests take minutes: they are marked ``slow`` and run only with ``APPRENTICE_RUN_SLOW=1``
+(``.ci/run`` sets it after ``make test``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from uitools import REPO, free_port, start, stop, wait_http
+
+COPY = ["apprentice", "tasks", "flows", "expectations", "params.yaml", "prefect.yaml", ".dvcignore"]
+POOL = "apprentice-local"  # prefect.yaml's work pool
+#: The quick profile, shorter still, over two iterations: iteration 2 registers version 2, so the
+#: registry shows both aliases and the report a champion trend.
+FAST = {"model": {"base": "models/tiny"},
+        "synth": {"n_train": 12, "n_eval": 8, "levels": [0]},
+        "sft": {"max_steps": 2, "batch_size": 4, "save_steps": 1},
+        "rl": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 32,
+               "probe_samples": 0, "save_steps": 1},
+        "distill": {"max_steps": 1, "batch_size": 2, "max_completion_length": 16, "save_steps": 1,
+                    "student": {"warmup_steps": 1}},
+        "evaluate": {"max_new_tokens": 24, "batch_size": 8}}
+
+
+def _fill(profile: dict, defaults: dict) -> dict:
+    """Sizes where the quick profile leaves a key unset (quick's own values win, as in test_pipeline)."""
+    for k, v in defaults.items():
+        if isinstance(v, dict):
+            _fill(profile.setdefault(k, {}), v)
+        else:
+            profile.setdefault(k, v)
+    return profile
+
+
+def make_project(root: Path, env: dict[str, str]) -> None:
+    for name in COPY:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, root / name)
+    quick = root / "apprentice/profiles/quick.yaml"
+    profile = _fill(yaml.safe_load(quick.read_text()) or {}, FAST)
+    profile.setdefault("pipeline", {})["iterations"] = 2
+    quick.write_text(yaml.safe_dump(profile, sort_keys=False))
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"],
+                [sys.executable, "-m", "dvc", "config", "core.analytics", "false"], ["git", "add", "-A"],
+                ["git", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def deployed(tmp_path_factory):
+    """Deploy, start a worker, trigger twice (the second while the first runs); yields what happened."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    root = tmp_path_factory.mktemp("deployed")
+    logs = tmp_path_factory.mktemp("logs")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(root / ".prefect-home"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "2", "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+           "PYTHONPATH": str(root), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "APPRENTICE_QUIET": "1"}
+    make_project(root, env)
+    prefect = [str(bin_dir / "prefect")]
+    server = start([*prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], root, env,
+                   logs / "server.log")
+    worker = None
+    try:
+        wait_http(f"{api}/health", server, logs / "server.log")
+        subprocess.run([*prefect, "work-pool", "create", POOL, "--type", "process"], cwd=root, env=env, check=True,
+                       capture_output=True)
+        dep = subprocess.run([*prefect, "--no-prompt", "deploy", "--name", "nightly", "--param", "profile=quick"],
+                             cwd=root, env=env, capture_output=True, text=True)
+        assert dep.returncode == 0, dep.stdout[-3000:] + dep.stderr[-3000:]
+        worker = start([*prefect, "worker", "start", "--pool", POOL], root, env, logs / "worker.log")
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("self-improve/nightly")
+            first = run_deployment("self-improve/nightly", timeout=0)
+            t0, states = time.time(), {"first": [], "second": []}
+            while client.read_flow_run(first.id).state.type.value != "RUNNING":  # type: ignore[union-attr]
+                assert time.time() - t0 < 300, f"the worker never started the run:\n{(logs / 'worker.log').read_text()[-3000:]}"
+                time.sleep(1)
+            second = run_deployment("self-improve/nightly", timeout=0)
+            overlap = False
+            while True:
+                a, b = client.read_flow_run(first.id), client.read_flow_run(second.id)
+                states["first"].append(a.state.name)  # type: ignore[union-attr]
+                states["second"].append(b.state.name)  # type: ignore[union-attr]
+                overlap |= a.state.type.value == "RUNNING" and b.state.type.value == "RUNNING"  # type: ignore[union-attr]
+                if b.state.is_final():  # type: ignore[union-attr]
+                    break
+                assert time.time() - t0 < 1800, (states, (logs / "worker.log").read_text()[-4000:])
+                time.sleep(2)
+            first, second = client.read_flow_run(first.id), client.read_flow_run(second.id)
+        yield {"root": root, "wd": root / "runs" / "quick", "env": env, "api": api, "deployment": deployment,
+               "first": first, "second": second, "states": states, "overlap": overlap, "logs": logs,
+               "store": f"sqlite:///{root / 'mlflow.db'}"}
+    finally:
+        if worker is not None:
+            stop(worker)
+        stop(server)

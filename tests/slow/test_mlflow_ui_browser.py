@@ -1,0 +1,97 @@
+"""What MLflow's own UI shows for a deployed run (two quick iterations), checked in headless
+Chromium against ``mlflow ui`` on that run's store: parent runs with nested stage runs, datasets
+logged as inputs, the registered model with versions and the champion/challenger aliases, and a
+version's link back to the run that registered it. Screenshots: ``$APPRENTICE_SCREENSHOTS``
+(``docs/figures/mlflow_*.png`` in the README come from here)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from uitools import chromium, free_port, screenshot, slow_only, start, stop, wait_for, wait_http
+
+pytestmark = slow_only()
+
+MODEL = "apprentice-agent"
+
+
+@pytest.fixture(scope="module")
+def mlflow_ui(deployed):
+    port = free_port()
+    bin_dir = sys.executable.rsplit("/", 1)[0]
+    proc = start([f"{bin_dir}/mlflow", "ui", "--backend-store-uri", deployed["store"], "--host", "127.0.0.1",
+                  "--port", str(port), "--workers", "1"], deployed["root"], deployed["env"],
+                 deployed["logs"] / "mlflow-ui.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc, deployed["logs"] / "mlflow-ui.log")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def store(deployed):
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=deployed["store"], registry_uri=deployed["store"])
+    exp = c.get_experiment_by_name("apprentice")
+    runs = c.search_runs([exp.experiment_id], max_results=500)
+    return {"client": c, "exp": exp.experiment_id, "runs": runs}
+
+
+def _close_assistant(d) -> None:
+    for b in d.find_elements("css selector", "button[aria-label=Close]"):
+        if b.is_displayed():
+            b.click()
+
+
+def test_runs_page_shows_iterations_with_nested_stage_runs(mlflow_ui, store):
+    with chromium() as d:
+        d.get(f"{mlflow_ui}/#/experiments/{store['exp']}/runs?workflowType=machine_learning")
+        wait_for(d, lambda t: "iter-1" in t and "iter-2" in t, "the iteration runs")
+        _close_assistant(d)
+        for b in d.find_elements("css selector", ".ag-row [col-id*='Run Name'] button"):  # expand each parent
+            b.click()
+        text = wait_for(d, lambda t: "promote-2" in t, "the nested stage runs")
+        for stage in ("prepare-base", "synth-1", "validate-1", "sft-1", "rl-1", "distill-1", "evaluate-1",
+                      "promote-1", "report-1", "sft-2", "report-2"):
+            assert stage in text, stage
+        assert "data/iter_1/sft.parquet" in text  # the Dataset column: inputs logged per run
+        screenshot(d, "mlflow_runs")
+
+
+def test_stage_run_page_shows_parent_and_datasets(mlflow_ui, store):
+    sft = next(r for r in store["runs"] if r.info.run_name == "sft-1" and r.data.tags.get("dvc.executed") == "True")
+    with chromium() as d:
+        d.get(f"{mlflow_ui}/#/experiments/{store['exp']}/runs/{sft.info.run_id}")
+        text = wait_for(d, lambda t: "Parent run" in t and "Datasets" in t, "the run overview")
+        _close_assistant(d)
+        assert "iter-1" in text and "data/iter_1/sft.parquet" in text and "sft.max_steps" in text
+        md5 = sft.data.tags["dvc.md5.input:data/iter_1/sft.parquet"]
+        assert md5[:32] in text  # the dataset digest is the DVC md5
+        screenshot(d, "mlflow_stage_run")
+
+
+def test_registry_shows_versions_and_aliases_and_links_back_to_the_run(mlflow_ui, store):
+    c = store["client"]
+    aliases = c.get_registered_model(MODEL).aliases
+    assert {"champion", "challenger"} <= set(aliases)
+    with chromium() as d:
+        d.get(f"{mlflow_ui}/#/models/{MODEL}")
+        text = wait_for(d, lambda t: "Version 2" in t and "champion" in t and "challenger" in t,
+                        "both versions and both aliases")
+        _close_assistant(d)
+        assert "Version 1" in text
+        screenshot(d, "mlflow_registry")
+        v = str(aliases["challenger"])
+        mv = c.get_model_version(MODEL, v)
+        d.get(f"{mlflow_ui}/#/models/{MODEL}/versions/{v}")
+        wait_for(d, lambda t: f"Version {v}" in t and "Source Run" in t and "promote-" in t and "@ challenger" in t,
+                 "the version page with its source run and alias")
+        _close_assistant(d)
+        screenshot(d, "mlflow_version")
+        link = d.find_element("css selector", f"a[href*='{mv.run_id}']")
+        link.click()
+        text = wait_for(d, lambda t: "promote-" in t and "Parent run" in t, "the run that registered the version")
+        assert mv.run_id in d.current_url and "promote.decision" in text
