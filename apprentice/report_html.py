@@ -88,8 +88,10 @@ def _num(v: Any) -> float | None:
 
 
 def evaluations(paths: Paths) -> dict[str, dict[str, Any]]:
-    """``{policy: metrics}`` from ``data/iter_k/eval/*.json``, in the learning order."""
-    found = {p.stem: _json(p) for p in sorted(paths.eval_dir.glob("*.json"))} if paths.eval_dir.is_dir() else {}
+    """``{policy: metrics}`` on the benchmark: the base model's (``data/benchmark/eval``, scored once) and
+    this iteration's (``data/iter_k/eval/*.json``), in the learning order."""
+    files = [f for d in (paths.benchmark_eval_dir, paths.eval_dir) if d.is_dir() for f in sorted(d.glob("*.json"))]
+    found = {p.stem: _json(p) for p in files}
     order = [p for p in POLICY_ORDER if p in found] + sorted(p for p in found if p not in POLICY_ORDER)
     return {p: found[p] for p in order if found[p]}
 
