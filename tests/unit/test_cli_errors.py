@@ -1,0 +1,64 @@
+"""Bad input to the CLI gives one clear error naming the file/key and the fix, not a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from apprentice.__main__ import describe, main
+from apprentice.config import ConfigError, load_config
+
+
+def _params(tmp_path, text: str):
+    p = tmp_path / "params.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_invalid_yaml_names_the_file_and_line(tmp_path, capsys):
+    p = _params(tmp_path, "sft:\n  max_steps: 3\n bad: [\n")
+    assert main(["synth", "--params", str(p), "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{p}:3:" in err and "invalid YAML" in err
+    assert "Traceback" not in err
+
+
+def test_duplicate_section_fails_at_load(tmp_path):
+    p = _params(tmp_path, "sft:\n  max_steps: 3\nrl:\n  max_steps: 1\nsft:\n  max_steps: 9\n")
+    with pytest.raises(ConfigError, match=r"params.yaml:5: key 'sft' appears twice .*first on line 1"):
+        load_config(p)
+    nested = _params(tmp_path, "sft:\n  max_steps: 3\n  max_steps: 4\n")
+    with pytest.raises(ConfigError, match="key 'max_steps' appears twice"):
+        load_config(nested)
+
+
+def test_pass_k_larger_than_samples_fails_at_load(tmp_path):
+    p = _params(tmp_path, "evaluate:\n  samples_per_problem: 1\n  pass_k: [1, 5]\n")
+    with pytest.raises(ConfigError, match=r"pass@5 needs at least 5 samples.*evaluate.samples_per_problem"):
+        load_config(p)
+    assert load_config(p, overrides=["evaluate.samples_per_problem=5"]).evaluate.pass_k == [1, 5]
+
+
+def test_unexpected_errors_are_one_line_with_a_fix():
+    from safetensors import SafetensorError
+
+    line = describe(SafetensorError("Error while deserializing header: incomplete metadata, file not fully covered"))
+    assert "\n" not in line and "truncated" in line and "--debug" in line
+    import httpx
+
+    line = describe(httpx.ConnectError("[Errno 111] Connection refused"))
+    assert "endpoint is not reachable" in line
+
+
+def test_stage_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    # the synth stage needs no model; a read-only root makes it fail with an OSError
+    root = tmp_path / "ro"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        rc = main(["synth", "--profile", "quick", "--root", str(root)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 1 and len(err.splitlines()) == 1 and "PermissionError" in err and "not writable" in err
+        with pytest.raises(PermissionError):
+            main(["synth", "--profile", "quick", "--root", str(root), "--debug"])
+    finally:
+        root.chmod(0o700)
