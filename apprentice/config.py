@@ -93,6 +93,9 @@ class RolloutConfig(Section):
     teacher: PolicyConfig = PolicyConfig()
     samples_per_problem: int = Field(1, ge=1)
     max_turns: int = Field(0, ge=0, description="Hard cap on turns (0 = each problem's own budget).")
+    shard_size: int = Field(64, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards only.")
+    error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
+                                "(recorded as failed with their error) before the stage fails.")
 
 
 class ValidateConfig(Section):
@@ -196,6 +199,9 @@ class EvaluateConfig(Section):
     max_format_errors: int = Field(
         2, ge=0, description="End an episode after this many consecutive unparseable turns (0 = never); "
         "also used by the RL probe.")
+    shard_size: int = Field(64, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards only.")
+    error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
+                                "(recorded as failed with their error) before the stage fails.")
 
     @model_validator(mode="after")
     def _pass_k_fits_samples(self) -> EvaluateConfig:
