@@ -151,3 +151,26 @@ def failures(df: pd.DataFrame) -> list[str]:
             if "error" in (e := json.loads(extra)):
                 errs.append(e["error"])
     return errs
+
+
+def without_wall_clock(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame as written to a DVC output: per-episode wall time zeroed (it differs on every run and
+    would make two seeded runs' hashes differ); its total goes to a ``.timings.json`` beside the output."""
+    if "wall_s" not in df.columns:
+        return df
+    out = df.copy()
+    out["wall_s"] = 0.0
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def write_timings(target: Path, df: pd.DataFrame) -> None:
+    """``<output>.timings.json``: wall-clock numbers of a run, beside the output but not part of it."""
+    from apprentice.paths import atomic_path
+
+    if "wall_s" not in df.columns or not float(df["wall_s"].sum()):
+        return
+    path = Path(target).with_suffix(".timings.json")
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({"episodes": len(df), "total_wall_s": round(float(df["wall_s"].sum()), 3),
+                                   "mean_wall_s": round(float(df["wall_s"].mean()), 4)}, indent=1) + "\n")

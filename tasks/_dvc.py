@@ -107,5 +107,6 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
             f = wd / p.format(**fmt)
             result.update(_flat_numbers(f, f"{f.stem}." if stage == "evaluate" else ""))
         step_files = [wd / _STEP_METRICS[stage].format(**fmt)] if stage in _STEP_METRICS else []
+        step_files += [f.parent.parent / ".timings" / f"{f.parent.name}.jsonl" for f in step_files]  # wall clock
         logged = lineage.log_stage(run_id, dvcgen.dvc_stages(stage, k), wd, executed, params, step_files, result)
     return {"stage": name, "executed": executed, "run_id": run_id, **logged, "result": result}

@@ -69,12 +69,14 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         df, _ = shards.run_sharded(problems, chunk, pq, fp, samples=ec.samples_per_problem, policy_id=name,
                                    shard_size=ec.shard_size, error_budget=ec.error_budget, seed=cfg.pipeline.seed)
         df.attrs[FINGERPRINT_KEY] = fp
-        write_parquet(df, pq)
+        write_parquet(shards.without_wall_clock(df), pq)
+        shards.write_timings(pq, df)
         shards.clear(pq, fp, ec.shard_size)
 
     metrics = summarize(df, ec.pass_k)
     with atomic_path(js) as tmp:
-        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        # a DVC metrics output: no wall-clock numbers (they are in <name>.timings.json)
+        tmp.write_text(json.dumps({k: v for k, v in metrics.items() if "wall" not in k}, indent=2, sort_keys=True) + "\n")
     print(format_table(metrics, title=f"evaluate {name} on {paths.eval_problems.name} (iteration {paths.iteration})"))
     return {"policy": name, "metrics": str(js), "episodes": str(pq), "skipped": skipped,
             "success_rate": metrics["success_rate"],

@@ -149,7 +149,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         df, _ = shards.run_sharded(problems, chunk, target, fp, samples=rc.samples_per_problem, policy_id=name,
                                    shard_size=rc.shard_size, error_budget=rc.error_budget, seed=cfg.pipeline.seed)
         df.attrs[FINGERPRINT_KEY] = fp
-        write_parquet(df, target)
+        write_parquet(shards.without_wall_clock(df), target)
+        shards.write_timings(target, df)
         shards.clear(target, fp, rc.shard_size)
     m = summarize(df)
     return {"out": str(target), "policy": name, "skipped": skipped, "episodes": len(df),

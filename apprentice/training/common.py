@@ -348,7 +348,7 @@ def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, s
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if metrics is not None and Path(metrics).exists():
-            shutil.copy(metrics, tmp / METRICS_FILE)
+            split_timings(Path(metrics), tmp / METRICS_FILE, timings_path(final_dir))
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True))
@@ -359,15 +359,49 @@ def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, s
     return final_dir
 
 
+def _file_digest(f: Path) -> str:
+    h = hashlib.sha256()
+    with f.open("rb") as fh:
+        while block := fh.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+#: Wall-clock fields of the per-step rows: kept out of the model folder (a DVC output) so that two
+#: seeded runs write identical bytes; they go to :func:`timings_path` (not an output), and to MLflow.
+WALL_CLOCK_KEYS = ("time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def timings_path(final_dir: Path) -> Path:
+    """Where a stage's wall-clock rows live: ``models/iter_k/.timings/<name>.jsonl``, beside (not inside) the output."""
+    final_dir = Path(final_dir)
+    return final_dir.parent / ".timings" / f"{final_dir.name}.jsonl"
+
+
+def split_timings(src: Path, metrics_out: Path, timings_out: Path) -> None:
+    """Copy ``src``'s rows to ``metrics_out`` without wall-clock fields, and those fields (with stage and
+    step) to ``timings_out``."""
+    rows = read_metrics(src)
+    metrics_out.write_text("".join(json.dumps({k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS}) + "\n"
+                                   for r in rows))
+    timed = [{"stage": r.get("stage"), "step": r.get("step"), **{k: r[k] for k in WALL_CLOCK_KEYS if k in r}}
+             for r in rows if any(k in r for k in WALL_CLOCK_KEYS)]
+    timings_out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(timings_out) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in timed))
+
+
 def fingerprint(params: Any, inputs: Iterable[Path]) -> dict[str, Any]:
-    """What a stage's output depends on: its params and (size, mtime) of each input file/model folder."""
+    """What a stage's output depends on: its params and the content (size, sha256) of each input
+    file/model folder. Content, not mtime: the stamp is part of a DVC-tracked output, so two clean
+    runs with the same inputs must write the same bytes (a few seconds of hashing per model folder)."""
     def describe(p: Path) -> list[Any]:
         p = Path(p)
         if p.is_dir():
             files = sorted(f for f in p.rglob("*") if f.is_file() and f.name not in (METRICS_FILE,))
-            return [[str(f.relative_to(p)), f.stat().st_size, int(f.stat().st_mtime)] for f in files]
+            return [[str(f.relative_to(p)), f.stat().st_size, _file_digest(f)] for f in files]
         if p.exists():
-            return [p.stat().st_size, int(p.stat().st_mtime)]
+            return [p.stat().st_size, _file_digest(p)]
         return ["missing"]
 
     blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}},

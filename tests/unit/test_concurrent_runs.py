@@ -27,10 +27,9 @@ def test_second_run_of_a_profile_exits_at_once_naming_the_first(tmp_path):
     holder = _holder(tmp_path)
     try:
         t0 = time.monotonic()
-        with pytest.raises(runlock.RunInProgress, match=rf"another run of profile quick is in progress \(pid {holder.pid} "
-                                                        r".*started at \d{4}-"):
-            with runlock.hold(tmp_path, "quick"):
-                pass
+        pattern = rf"another run of profile quick is in progress \(pid {holder.pid} .*started at \d{{4}}-"
+        with pytest.raises(runlock.RunInProgress, match=pattern), runlock.hold(tmp_path, "quick"):
+            pass
         assert time.monotonic() - t0 < 2  # no waiting
     finally:
         holder.kill()
