@@ -126,8 +126,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     table = paths.eval_dir / f"{cand}.parquet"
     challenger = read_parquet(table)
     eval_ids = sorted(read_parquet(paths.eval_problems)["problem_id"].astype(str).unique())
-    _gate(challenger, eval_ids, str(table))
     check_coverage(challenger, eval_ids, f"challenger table {table}", cand)
+    _gate(challenger, eval_ids, str(table))
 
     lineage.configure(cfg.lineage.tracking_uri, cfg.lineage.experiment, paths.root)
     name = pc.registered_model
@@ -141,8 +141,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     champ = None if recorded else lineage.alias_version(name, lineage.CHAMPION)
     champ_df = _champion_results(champ, challenger, cfg, paths) if champ else None
     if champ_df is not None:
-        _gate(champ_df, eval_ids, "champion episodes")
         check_coverage(champ_df, eval_ids, f"champion v{champ['version']} episodes")
+        _gate(champ_df, eval_ids, "champion episodes")
         check_same_pairs(challenger, champ_df, eval_ids)
     decision = recorded or decide(challenger, champ_df, pc.alpha, champ is not None)
     if recorded:
