@@ -56,6 +56,10 @@ def resolve_policy(choice: str | None, default: PolicyConfig, cfg: Config, paths
         return "oracle", default.model_copy(update={"kind": "oracle"})
     kind = "openai" if default.kind == "openai" and choice not in MODEL_CHOICES and not Path(choice).exists() else "hf"
     model = model_dir(choice, cfg, paths) if kind == "hf" else choice
+    if kind == "hf" and choice == "base":  # a missing local base would surface as a hub connection error
+        from apprentice.training.common import require_model
+
+        require_model(model)
     name = choice if choice in MODEL_CHOICES else _short(choice)
     return name, default.model_copy(update={"kind": kind, "model": model})
 

@@ -59,3 +59,16 @@ def test_stage_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys)
     assert len(err.splitlines()) == 1 and err.startswith("error in stage teacher-rollout: ") and "--debug" in err
     with pytest.raises(Exception):  # noqa: B017 - whatever the reader raises, --debug lets it through
         main([*args, "--debug"])
+
+
+def test_missing_base_model_under_evaluate_names_the_folder(tmp_path, capsys):
+    from apprentice.envs import FAMILIES
+    from apprentice.paths import Paths
+    from apprentice.trajectories import problems_frame, write_parquet
+
+    spec = FAMILIES["grid"].make_spec(seed=0, difficulty={"size": 5, "obstacles": 0, "keys": 0, "budget_slack": 2})
+    write_parquet(problems_frame([spec], [0], split="eval"), Paths(tmp_path).eval_problems)
+    params = _params(tmp_path, "model:\n  base: models/base\n")
+    assert main(["evaluate", "--policy", "base", "--root", str(tmp_path), "--params", str(params)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "model folder models/base does not exist" in err and "prepare-base" in err  # not a hub error
