@@ -92,14 +92,15 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
             frames.append(done)
             reused += 1
             continue
-        try:
-            df = trajectories_frame(run_chunk(rows, seed + i))
-            write_parquet(df, path)
-            frames.append(df)
-            continue
-        except Exception as e:  # noqa: BLE001 - isolate the failing problems, keep the others
-            print(f"shard {i + 1}/{len(starts)} failed ({type(e).__name__}: {e}); retrying its problems one by one",
-                  file=sys.stderr)
+        if not any(sdir.glob(f"{i:05d}-*.parquet")):  # else it failed before: run only its missing problems
+            try:
+                df = trajectories_frame(run_chunk(rows, seed + i))
+                write_parquet(df, path)
+                frames.append(df)
+                continue
+            except Exception as e:  # noqa: BLE001 - isolate the failing problems, keep the others
+                print(f"shard {i + 1}/{len(starts)} failed ({type(e).__name__}: {e}); retrying its problems one "
+                      "by one", file=sys.stderr)
         for j in range(len(rows)):
             one = rows.iloc[j:j + 1]
             ppath = sdir / f"{i:05d}-{j:04d}.parquet"
