@@ -25,6 +25,7 @@ from apprentice.training.common import METRICS_FILE, read_metrics, work_dir_for
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
+    pytest.mark.timeout(1800),  # three trainings per test; minutes on a loaded 2-core machine
     pytest.mark.skipif(not os.environ.get("APPRENTICE_RUN_SLOW"), reason="set APPRENTICE_RUN_SLOW=1 (~3 min)"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,7 @@ print("RESULT " + json.dumps(sft.run(cfg, Paths(__import__("pathlib").Path(root)
 
 def _sft(root: Path, tiny: str, mode: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _DRIVER, str(root), tiny, mode], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=900)
 
 
 def _data(root: Path) -> None:
