@@ -36,7 +36,7 @@ test-unit: $(STAMP)
 
 bench: $(STAMP) models/base/config.json   ## benchmark ratios measured side by side
 	$(BIN)/python bench/rollout.py
-	$(BIN)/python bench/sft_overhead.py
+	$(BIN)/python bench/train_throughput.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check apprentice tasks flows tests bench

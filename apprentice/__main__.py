@@ -11,10 +11,12 @@ import importlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 STAGES = {
     "prepare-base": "prepare_base",
+    "benchmark": "benchmark",
     "synth": "synth",
     "rollout": "rollout",
     "teacher-rollout": "rollout",
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = Paths(Path(args.root).resolve(), args.iteration)
     module = importlib.import_module(f"apprentice.stages.{STAGES[args.stage]}")
     extra = {k: v for k, v in (("policy", args.policy), ("out", args.out)) if v is not None}
+    t0 = time.perf_counter()
     try:
         result = module.run(cfg, paths, **extra)
     except Exception as e:  # noqa: BLE001 - one clear line for an operator; --debug shows the traceback
@@ -100,7 +103,31 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if result is not None:
         print(json.dumps(result, indent=2, default=str))
+    record_resources(paths.root, args.stage, args.iteration, args.policy, time.perf_counter() - t0)
     return 0
+
+
+def record_resources(root: Path, stage: str, iteration: int, policy: str | None, wall_s: float) -> dict:
+    """Print and append (``reports/resources.jsonl``) the stage's wall time and peak resident memory.
+
+    Peak RSS is the process's own high-water mark (``getrusage``), i.e. what ``/usr/bin/time -v``
+    reports for the stage. The file is not a DVC output (timings differ run to run); the flow reads
+    it to print the per-stage table at the end of ``make run``."""
+    import resource
+
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # KiB on Linux
+    name = f"{stage}{'-' + policy if policy else ''}"
+    rec = {"stage": name, "iteration": iteration, "wall_s": round(wall_s, 1), "peak_rss_gb": round(peak_gb, 2),
+           "flow_run": os.environ.get("APPRENTICE_FLOW_RUN", ""), "time": round(time.time(), 1)}
+    print(f"resources: {name} (iteration {iteration}) {wall_s:.1f} s, peak RSS {peak_gb:.2f} GB", file=sys.stderr)
+    try:
+        log = Path(root) / "reports" / "resources.jsonl"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError:  # a read-only root must not fail a finished stage
+        pass
+    return rec
 
 
 if __name__ == "__main__":

@@ -46,27 +46,30 @@ ITERATION_STAGES = ["synth", "evolve", "teacher-rollout", "validate", "sft", "rl
 #: reruns a stage needlessly, under-tracking would silently keep a stale result.
 CODE: dict[str, list[str]] = {
     "prepare-base": ["apprentice/stages/prepare_base.py", "apprentice/modeling.py"],
-    "synth": ["apprentice/stages/synth.py", "apprentice/envs", "apprentice/trajectories.py", "apprentice/difficulty.py",
+    "benchmark": ["apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/trajectories.py"],
+    "synth": ["apprentice/stages/synth.py", "apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/trajectories.py", "apprentice/difficulty.py",
               "apprentice/samplers.py", "apprentice/training/curriculum.py"],
     "evolve": ["apprentice/stages/evolve.py", "apprentice/envs", "apprentice/trajectories.py"],
     "teacher-rollout": ["apprentice/stages/rollout.py", "apprentice/rollout.py", "apprentice/policies",
                         "apprentice/envs", "apprentice/templates"],
     "validate": ["apprentice/stages/validate.py", "apprentice/gates.py", "expectations"],
     "sft": ["apprentice/stages/sft.py", "apprentice/training", "apprentice/modeling.py",
-            "apprentice/templates"],
+            "apprentice/templates", "apprentice/trajectories.py"],
     "rl": ["apprentice/stages/rl.py", "apprentice/training", "apprentice/modeling.py", "apprentice/rollout.py",
            "apprentice/envs", "apprentice/templates", "apprentice/samplers.py"],
     "distill": ["apprentice/stages/distill.py", "apprentice/training", "apprentice/modeling.py",
                 "apprentice/templates"],
     "evaluate": ["apprentice/stages/evaluate.py", "apprentice/stages/rollout.py", "apprentice/evaluation.py",
                  "apprentice/rollout.py", "apprentice/policies", "apprentice/envs", "apprentice/templates"],
-    "promote": ["apprentice/stages/promote.py", "apprentice/lineage.py", "apprentice/evaluation.py"],
+    "promote": ["apprentice/stages/promote.py", "apprentice/lineage.py", "apprentice/evaluation.py",
+                "apprentice/gates.py"],
     "report": ["apprentice/stages/report.py"],
 }
 
 #: params sections (or single keys) each stage reads; expanded to one entry per leaf key.
 PARAMS: dict[str, list[str]] = {
     "prepare-base": ["model", "pipeline.seed"],
+    "benchmark": ["benchmark", "synth.families", "synth.levels"],
     "synth": ["synth", "pipeline.seed", "promote.candidate",  # + the sampler settings synth.sampler uses
               *(f"curriculum.{k}" for k in ("p_star", "band", "hard_threshold", "easy_threshold", "replay_share",
                                             "infeasible_share", "min_attempts", "seed"))],
@@ -79,7 +82,7 @@ PARAMS: dict[str, list[str]] = {
            "curriculum.evolve.feed"],  # the generation scheduler's feed of evolved problems
     "distill": ["distill", "model", "pipeline.seed"],
     "evaluate": ["evaluate", "model", "pipeline.seed"],
-    "promote": ["promote"],
+    "promote": ["promote", "model.base"],
     "report": [],
 }
 
@@ -106,10 +109,22 @@ def dvc_stages(stage: str, iteration: int | None = None) -> list[str]:
 
     Why one DVC stage per evaluated model: DVC then re-evaluates only the models that changed. An RL
     experiment (``dvc exp run evaluate-rl-1 -S ...``) reruns RL and its own evaluation, not the base
-    and SFT evaluations nor distillation; a distillation change re-evaluates only the student."""
+    and SFT evaluations nor distillation; a distillation change re-evaluates only the student. The
+    base model is scored on the fixed benchmark once (``evaluate-base``, no iteration): in later
+    iterations that stage is a cache hit."""
     if stage == "evaluate" and iteration is not None:
-        return [f"evaluate-{p}-{iteration}" for p in EVAL_POLICIES]
+        return [eval_stage(p, iteration) for p in EVAL_POLICIES]
     return [stage_name(stage, iteration)]
+
+
+def eval_stage(policy: str, iteration: int) -> str:
+    return "evaluate-base" if policy in ONCE_POLICIES else f"evaluate-{policy}-{iteration}"
+
+
+def eval_outputs(policy: str, iteration: int) -> list[str]:
+    """The files ``evaluate --policy policy`` writes (relative to the work dir); mirrors ``Paths.eval_dir_for``."""
+    d = "data/benchmark/eval" if policy in ONCE_POLICIES else f"data/iter_{iteration}/eval"
+    return [f"{d}/{policy}.parquet", f"{d}/{policy}.json"]
 
 
 def _leaf_keys(raw: dict[str, Any], dotted: str) -> list[str]:
@@ -141,8 +156,11 @@ def _code(stage: str, prefix: str, repo: Path) -> list[str]:
     return [prefix + p for p in CODE[stage] if p == own or (repo / p).exists()]
 
 
-#: Policies the ``evaluate`` stage scores on the held-out problems (the table ``make run`` prints).
+#: Policies the ``evaluate`` stage scores on the benchmark (the table ``make run`` prints).
 EVAL_POLICIES = list(POLICIES)
+#: Policies that do not change across iterations: scored once (``data/benchmark/eval``).
+ONCE_POLICIES = ("base",)
+BENCHMARK = "data/benchmark/problems.parquet"
 
 
 def _cmd(stage: str, iteration: int | None, extra: str = "") -> str:
@@ -165,33 +183,38 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
             **({"outs": base_deps} if base_deps else {}),
         }
     }
+    stages["benchmark"] = {"cmd": _cmd("benchmark", None), "deps": _code("benchmark", prefix, repo),
+                           "params": _params(raw, "benchmark"), "outs": [BENCHMARK],
+                           "metrics": [{"data/benchmark/benchmark.json": {"cache": False}}]}
     metrics: list[str] = []
     plots: list[Any] = []
     for k in range(1, n + 1):
         d, m, r = f"data/iter_{k}", f"models/iter_{k}", f"reports/iter_{k}"
         prev = {"data": f"data/iter_{k - 1}", "reports": f"reports/iter_{k - 1}"} if k > 1 else None
         io: dict[str, dict[str, Any]] = {
-            "synth": {"deps": [f"{prev['data']}/eval"] if prev else [],
-                      "outs": [f"{d}/problems.parquet", f"{d}/eval_problems.parquet"]},
+            "synth": {"deps": [BENCHMARK] + ([f"{prev['data']}/eval"] if prev else []),
+                      "outs": [f"{d}/problems.parquet"]},
             # off-policy: generation 0 of iteration k is iteration k-1's last generation
             "evolve": {"deps": [f"{prev['data']}/evolve"] if prev else [], "outs": [f"{d}/evolve"],
                        "metrics": [{f"{d}/evolve.json": {"cache": False}}]},
             "teacher-rollout": {"deps": [f"{d}/problems.parquet"], "outs": [f"{d}/teacher.parquet"]},
-            "validate": {"deps": [f"{d}/problems.parquet", f"{d}/eval_problems.parquet", f"{d}/teacher.parquet"],
+            "validate": {"deps": [f"{d}/problems.parquet", BENCHMARK, f"{d}/teacher.parquet"],
                          "outs": [f"{d}/sft.parquet", {f"{r}/gate.html": {"cache": False}}],
                          "metrics": [{f"{r}/gate.json": {"cache": False}}]},
-            "sft": {"deps": [f"{d}/sft.parquet", *base_deps]
+            # iteration k > 1 starts from the champion the previous promotion names (path + md5)
+            "sft": {"deps": [f"{d}/sft.parquet", *(base_deps if not prev else [])]
                     + ([f"{prev['reports']}/promotion.json"] if prev else []),
-                    "outs": [f"{m}/sft"]},
+                    "outs": [f"{m}/sft"], "metrics": [{f"{r}/sft_start.json": {"cache": False}}]},
             "rl": {"deps": [f"{m}/sft", f"{d}/problems.parquet", f"{d}/evolve"], "outs": [f"{m}/rl"]},
             "distill": {"deps": [f"{m}/rl", f"{d}/sft.parquet", f"{d}/problems.parquet"], "outs": [f"{m}/student"]},
-            # one DVC stage per model (dvc_stages): deps = the held-out problems + that model's folder
-            "evaluate": {"deps": [f"{d}/eval_problems.parquet"], "outs": [],
+            # one DVC stage per model (dvc_stages): deps = the benchmark + that model's folder
+            "evaluate": {"deps": [BENCHMARK], "outs": [],
                          "per_model": {"base": base_deps, "sft": [f"{m}/sft"], "rl": [f"{m}/rl"],
                                        "student": [f"{m}/student"]}},
-            "promote": {"deps": [f"{d}/eval"], "outs": [],
+            "promote": {"deps": [f"{d}/eval", "data/benchmark/eval"], "outs": [],
                         "metrics": [{f"{r}/promotion.json": {"cache": False}}]},
-            "report": {"deps": [f"{m}/{out}/metrics.jsonl" for _, out in CURVES] + [f"{d}/eval"],
+            "report": {"deps": [f"{m}/{out}/metrics.jsonl" for _, out in CURVES] + [f"{d}/eval", "data/benchmark/eval"]
+                       + [f"data/iter_{j}/eval" for j in range(1, k)] + [f"{r}/promotion.json"],
                        "outs": [{f"{r}/curves": {"cache": False}}]},
         }
         for stage in ITERATION_STAGES:
@@ -206,11 +229,13 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                 stages[stage_name(stage, k)] = spec
                 continue
             for policy, name in zip(EVAL_POLICIES, dvc_stages(stage, k), strict=True):
+                if name in stages:  # evaluate-base: declared by iteration 1, shared by all
+                    continue
                 stages[name] = {**spec, "params": list(spec.get("params", [])),  # a copy: no YAML anchors
-                                "cmd": _cmd(stage, k, f" --policy {policy}"),
+                                "cmd": _cmd(stage, None if policy in ONCE_POLICIES else k, f" --policy {policy}"),
                                 "deps": spec["deps"] + io[stage]["per_model"][policy],
-                                "outs": [f"{d}/eval/{policy}.parquet", f"{d}/eval/{policy}.json"]}
-        metrics.extend(f"{d}/eval/{p}.json" for p in EVAL_POLICIES)
+                                "outs": eval_outputs(policy, k)}
+        metrics.extend(out for p in EVAL_POLICIES for out in eval_outputs(p, k)[1:] if out not in metrics)
         plots.extend({f"{r}/curves/{name}.csv": {"x": "step", "y": "loss", "title": f"iteration {k}: {name} loss"}}
                      for name, _ in CURVES)
     return {"stages": stages, "metrics": metrics, "plots": plots}

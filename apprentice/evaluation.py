@@ -189,3 +189,35 @@ def format_table(metrics: dict[str, Any], title: str = "evaluation") -> str:
     if names:
         console.print(groups)
     return buf.getvalue()
+
+
+def success_ratio(df_a: pd.DataFrame, df_b: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0,
+                  level: float = 0.95) -> dict[str, Any]:
+    """Success rate of A over B's on the same episodes, with a paired bootstrap interval over problems.
+
+    Why a bootstrap and not Newcombe: the target is a *ratio* ("the student reaches >= 0.7x its
+    teacher"), and Newcombe's interval is for a difference. Problems are resampled as pairs
+    (``scipy.stats.bootstrap(paired=True)``, percentile method, which stays defined when a resample
+    has a zero denominator: those resamples are dropped as NaN by the percentile).
+    """
+    from scipy import stats
+
+    key = ["problem_id", "sample_idx"]
+    m = df_a[[*key, "success"]].merge(df_b[[*key, "success"]], on=key, suffixes=("_a", "_b"))
+    if m.empty:
+        raise ValueError("the two evaluations share no (problem_id, sample_idx); evaluate both on the same benchmark")
+    a, b = m["success_a"].to_numpy(float), m["success_b"].to_numpy(float)
+    ratio = float(a.mean() / b.mean()) if b.mean() else float("nan")
+
+    def stat(x: Any, y: Any, axis: int = -1) -> Any:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.mean(x, axis=axis) / np.mean(y, axis=axis)
+
+    lo = hi = float("nan")
+    if b.sum() > 0:
+        res = stats.bootstrap((a, b), stat, paired=True, vectorized=True, n_resamples=n_resamples,
+                              confidence_level=level, method="percentile", random_state=seed)
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return {"ratio": ratio, "ci_low": lo, "ci_high": hi, "n_pairs": int(len(m)), "success_a": float(a.mean()),
+            "success_b": float(b.mean()), "method": f"paired bootstrap over problems, {n_resamples} resamples, "
+                                                    f"percentile {int(level * 100)} %"}

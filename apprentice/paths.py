@@ -34,8 +34,23 @@ class Paths:
         return self.data / "problems.parquet"
 
     @property
+    def benchmark_dir(self) -> Path:
+        """The fixed benchmark: synthesized once, the same in every iteration (not under ``iter_k``)."""
+        return self.root / "data" / "benchmark"
+
+    @property
+    def benchmark(self) -> Path:
+        return self.benchmark_dir / "problems.parquet"
+
+    @property
+    def benchmark_eval_dir(self) -> Path:
+        """Evaluations that belong to no iteration: the base model's, scored once on the benchmark."""
+        return self.benchmark_dir / "eval"
+
+    @property
     def eval_problems(self) -> Path:
-        return self.data / "eval_problems.parquet"
+        """The held-out problems every model of every iteration is scored on: the fixed benchmark."""
+        return self.benchmark
 
     @property
     def teacher_trajectories(self) -> Path:
@@ -65,6 +80,14 @@ class Paths:
     @property
     def student_model(self) -> Path:
         return self.models / "student"
+
+    def eval_dir_for(self, policy: str) -> Path:
+        """Where ``evaluate --policy policy`` writes: the base model once for all iterations, the rest per iteration."""
+        return self.benchmark_eval_dir if policy == "base" else self.eval_dir
+
+    @property
+    def promotion(self) -> Path:
+        return self.reports / "promotion.json"
 
     def previous(self) -> Paths | None:
         return Paths(self.root, self.iteration - 1) if self.iteration > 1 else None

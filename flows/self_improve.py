@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,6 +40,7 @@ from prefect import flow  # noqa: E402
 from apprentice import dvcgen, lineage, runlock  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
 from tasks._dvc import StageContext  # noqa: E402
+from tasks.benchmark import benchmark  # noqa: E402
 from tasks.distill import distill  # noqa: E402
 from tasks.evaluate import evaluate  # noqa: E402
 from tasks.evolve import evolve  # noqa: E402
@@ -64,6 +67,8 @@ def self_improve(profile: str = "default", repo: str | None = None) -> dict:
 
 
 def _run(profile: str, root: Path) -> dict:
+    os.environ["APPRENTICE_FLOW_RUN"] = flow_run = uuid.uuid4().hex  # tags this run's lines in resources.jsonl
+    t_flow = time.perf_counter()
     wd = dvcgen.write(profile, root)
     cfg = load_config(wd / "params.yaml")
     uri = lineage.configure(cfg.lineage.tracking_uri, cfg.lineage.experiment, wd)
@@ -72,8 +77,9 @@ def _run(profile: str, root: Path) -> dict:
         with lineage.iteration_run(k, profile, root, wd / "params.yaml") as parent:
             ctx = StageContext(str(root), str(wd), profile, k, parent)
             stages = []
-            if k == 1:
-                stages.append(prepare_base(StageContext(str(root), str(wd), profile, None, parent)))
+            if k == 1:  # once for all iterations: the base model and the fixed benchmark
+                once = StageContext(str(root), str(wd), profile, None, parent)
+                stages += [prepare_base(once), benchmark(once)]
             stages += [TASKS[s](ctx) for s in dvcgen.ITERATION_STAGES]
             promo = next(s["result"] for s in stages if s["stage"] == f"promote-{k}")
             lineage.set_tags(parent, {"promote.promoted": bool(promo.get("promoted")),
@@ -81,7 +87,34 @@ def _run(profile: str, root: Path) -> dict:
         summary["iterations"].append({"iteration": k, "parent_run_id": parent, "stages": stages})
     print(where_to_look(wd, uri, cfg.pipeline.iterations))
     print(f"  MLflow store:    {lineage.store_summary(cfg.lineage.experiment, cfg.promote.registered_model)}")
+    print(resource_table(wd, flow_run, time.perf_counter() - t_flow))
     return summary
+
+
+def resource_table(wd: Path, flow_run: str, total_s: float) -> str:
+    """Per-stage wall time and peak RSS of this flow run (stages DVC skipped do not appear)."""
+    import json
+
+    log = wd / "reports" / "resources.jsonl"
+    rows = []
+    if log.exists():
+        for line in log.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if r.get("flow_run") == flow_run:
+                rows.append(r)
+    out = ["\n=== per-stage wall time and peak RSS (this run; cached stages not listed) ===",
+           f"{'stage':28s} {'iter':>4s} {'wall s':>8s} {'peak RSS GB':>12s}"]
+    out += [f"{r['stage']:28s} {r['iteration']:>4d} {r['wall_s']:8.1f} {r['peak_rss_gb']:12.2f}" for r in rows]
+    per_iter: dict[int, float] = {}
+    for r in rows:
+        per_iter[r["iteration"]] = per_iter.get(r["iteration"], 0.0) + r["wall_s"]
+    out.append("stages' own time per iteration: " + ", ".join(f"iter {k}: {v / 60:.1f} min" for k, v in sorted(per_iter.items())))
+    out.append(f"whole flow (with DVC, Prefect, MLflow overhead): {total_s / 60:.1f} min; "
+               f"peak RSS of any stage: {max((r['peak_rss_gb'] for r in rows), default=0):.2f} GB")
+    return "\n".join(out)
 
 
 def where_to_look(wd: Path, uri: str, k: int) -> str:

@@ -41,7 +41,11 @@ class StageContext:
 
 #: JSON files a stage writes whose flat numbers are logged as run metrics (relative to the workdir).
 _RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "evolve": ["data/iter_{k}/evolve.json"], "promote": ["reports/iter_{k}/promotion.json"],
-                 "evaluate": [f"data/iter_{{k}}/eval/{p}.json" for p in dvcgen.EVAL_POLICIES]}
+                 "evaluate": ["data/benchmark/eval/{p}.json".format(p=p) if p in dvcgen.ONCE_POLICIES
+                              else f"data/iter_{{k}}/eval/{p}.json" for p in dvcgen.EVAL_POLICIES],
+                 "sft": ["reports/iter_{k}/sft_start.json"], "benchmark": ["data/benchmark/benchmark.json"]}
+#: Result-file strings logged as run tags (numbers go to metrics): e.g. the model SFT started from.
+_TAG_KEYS = {"sft": ("start_model.",), "promote": ("champion.",)}
 _ARTIFACTS = {"validate": ["reports/iter_{k}/gate.html", "reports/iter_{k}/gate.json"],
               "promote": ["reports/iter_{k}/promotion.json"],
               "report": ["reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
@@ -83,6 +87,14 @@ def _flat_numbers(path: Path, prefix: str) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+def _flat_strings(path: Path, prefixes: tuple[str, ...]) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: str(v) for k, v in lineage.flatten(data).items() if k.startswith(prefixes) and isinstance(v, str | int)}
+
+
 def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
     """Run one stage of iteration ``ctx.iteration`` through DVC inside a nested MLflow run."""
     repo, wd, k = Path(ctx.repo), Path(ctx.workdir), ctx.iteration
@@ -106,6 +118,8 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
         for p in _RESULT_FILES.get(stage, []):
             f = wd / p.format(**fmt)
             result.update(_flat_numbers(f, f"{f.stem}." if stage == "evaluate" else ""))
+            if stage in _TAG_KEYS:
+                lineage.set_tags(run_id, _flat_strings(f, _TAG_KEYS[stage]))
         step_files = [wd / _STEP_METRICS[stage].format(**fmt)] if stage in _STEP_METRICS else []
         step_files += [f.parent.parent / ".timings" / f"{f.parent.name}.jsonl" for f in step_files]  # wall clock
         logged = lineage.log_stage(run_id, dvcgen.dvc_stages(stage, k), wd, executed, params, step_files, result)

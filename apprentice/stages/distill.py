@@ -29,6 +29,17 @@ def teacher_path(paths: Paths) -> Path:
                             "`python -m apprentice sft` (and `rl`) first")
 
 
+def calibration_batches(tok: Any, records: list[dict[str, Any]], n: int = 8) -> list[Any]:
+    """Token ids of the first ``n`` SFT conversations, one batch each: what block influence is measured on."""
+    import torch
+
+    out = []
+    for r in records[:n]:
+        ids = tok.apply_chat_template(r["messages"], tools=r.get("tools") or None, tokenize=True, return_dict=True)
+        out.append(torch.tensor([ids["input_ids"]]))
+    return out
+
+
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:
     from apprentice.modeling import load_model, load_tokenizer
     from apprentice.training import common
@@ -57,12 +68,14 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
         student: Any = str(warm_dir)
         result["warmup"] = {"skipped": True, "reason": "warm-started student found in the work dir"}
     else:
+        records = to_sft_records(read_parquet(paths.sft_data))
         student = build_student(teacher, d.student.source, d.student.keep_every, teacher_tokenizer=tok,
-                                root=paths.root)
+                                root=paths.root, prune=d.student.prune,
+                                calibration=calibration_batches(tok, records) if d.student.prune == "influence" else None)
+        result["kept_layers"] = list(getattr(student.config, "apprentice_kept_layers", []) or [])
         if d.student.warmup_steps > 0:
             warm_cfg = cfg.sft.model_copy(update={"max_steps": d.student.warmup_steps, "learning_rate": d.student.warmup_lr,
                                                   "deepspeed": "none", "lora": False, "seed": d.seed})
-            records = to_sft_records(read_parquet(paths.sft_data))
             result["warmup"] = train_sft(student, tok, records, warm_dir, warm_cfg, dtype=cfg.model.dtype,
                                          stamp={"phase": "warmup"}, stage="student_warmup")
             result["warmup"]["metrics"] = str(paths.student_model / common.METRICS_FILE)  # merged there

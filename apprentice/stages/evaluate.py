@@ -1,7 +1,9 @@
-"""Stage ``evaluate``: one policy on the held-out problems -> per-episode Parquet + DVC metrics JSON.
+"""Stage ``evaluate``: one policy on the fixed benchmark -> per-episode Parquet + DVC metrics JSON.
 
 ``--policy oracle|base|sft|rl|student|<path or HF id>``; by default the newest model of the
-iteration (student, else rl, else sft, else base). Sampling settings come from ``evaluate``
+iteration (student, else rl, else sft, else base). The benchmark is the same in every iteration
+(``stages.benchmark``), so the base model is scored once, into ``data/benchmark/eval/base.*``,
+not once per iteration. Sampling settings come from ``evaluate``
 (temperature, max_new_tokens, batch_size, samples_per_problem for pass@k), model settings from
 ``model`` (chat template, dtype). Writes ``data/iter_k/eval/<name>.parquet`` and ``<name>.json``
 (flat metrics, see :func:`apprentice.evaluation.summarize`) and prints a table.
@@ -51,7 +53,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         default = cfg.rollout.teacher.model_copy(update={"temperature": ec.temperature,
                                                          "max_new_tokens": ec.max_new_tokens})
     name, pol_cfg = resolve_policy(choice, default, cfg, paths)
-    out_dir = Path(out) if out else paths.eval_dir
+    out_dir = Path(out) if out else paths.eval_dir_for(name)
     pq, js = out_dir / f"{name}.parquet", out_dir / f"{name}.json"
     fp = fingerprint(problems, pol_cfg, cfg, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors)
 
@@ -77,7 +79,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     with atomic_path(js) as tmp:
         # a DVC metrics output: no wall-clock numbers (they are in <name>.timings.json)
         tmp.write_text(json.dumps({k: v for k, v in metrics.items() if "wall" not in k}, indent=2, sort_keys=True) + "\n")
-    print(format_table(metrics, title=f"evaluate {name} on {paths.eval_problems.name} (iteration {paths.iteration})"))
+    print(format_table(metrics, title=f"evaluate {name} on the benchmark ({len(problems)} problems, iteration {paths.iteration})"))
     return {"policy": name, "metrics": str(js), "episodes": str(pq), "skipped": skipped,
             "success_rate": metrics["success_rate"],
             "success_ci": [metrics["success_ci_low"], metrics["success_ci_high"]]}

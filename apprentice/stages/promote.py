@@ -1,12 +1,19 @@
-"""Stage ``promote``: register the iteration's candidate and move the aliases.
+"""Stage ``promote``: register the iteration's candidate, move the aliases, name the next start model.
 
-Every evaluated candidate (``promote.candidate`` of iteration k, default the distilled student) is
-registered in MLflow by reference and becomes ``challenger``. ``champion`` moves to it only when it
-wins an exact McNemar test against the current champion on the *same* held-out episodes (matched by
-problem id and sample) with ``p < promote.alpha``; otherwise the champion stays and the version,
-the run and ``reports/iter_k/promotion.json`` record why. The first candidate of an empty registry
-becomes champion. If the champion was never evaluated on this iteration's held-out problems, it is
-evaluated here first (``reports/iter_k/champion_eval/``), so the pair is always like for like.
+Every evaluated candidate (``promote.candidate`` of iteration k, default the RL model) is registered
+in MLflow by reference and becomes ``challenger``. ``champion`` moves to it only when it wins an
+exact McNemar test against the incumbent on the *same* benchmark episodes (matched by problem id and
+sample) with ``p < promote.alpha``; otherwise the champion stays and the version, the run and
+``reports/iter_k/promotion.json`` record why. The incumbent of an empty registry is the base model
+(its benchmark evaluation, ``data/benchmark/eval/base``): a first candidate that does not beat the
+model the loop started from does not become champion either, so the alias never points at a model
+worse on the benchmark than what it replaced. If the champion was never evaluated on the benchmark
+(the benchmark params changed), it is evaluated here first (``reports/iter_k/champion_eval/``).
+
+The record's ``champion`` entry (weights path + md5 of the model the registry now calls best, or
+the base model while the registry has none) is what iteration k+1 starts from
+(:func:`apprentice.stages.sft.start_model`): the record is a DVC dependency of ``sft-(k+1)``, so
+``dvc repro`` rebuilds the same chain without Prefect or MLflow.
 
 Both evaluation tables pass the ``eval_results`` gate before any alias moves.
 """
@@ -31,20 +38,70 @@ _PRODUCER = {"sft": "sft", "rl": "rl", "student": "distill"}
 
 def decide(challenger: pd.DataFrame | None, champion: pd.DataFrame | None, alpha: float,
            has_champion: bool) -> dict[str, Any]:
-    """The promotion rule, kept pure for tests: ``{"promote": bool, "reason": str, ...test stats}``."""
-    if not has_champion:
-        return {"promote": True, "reason": "no champion yet: the first evaluated model becomes champion"}
+    """The promotion rule, kept pure for tests: ``{"promote": bool, "reason": str, ...test stats}``.
+
+    ``champion`` is the incumbent's episodes: the registry champion's, or (``has_champion=False``)
+    the base model's. Only an empty registry with no base evaluation promotes without a test."""
+    if not has_champion and champion is None:
+        return {"promote": True, "reason": "no champion and no base-model evaluation: the first evaluated model "
+                                           "becomes champion"}
     if challenger is None or champion is None:
         return {"promote": False, "reason": "champion has no evaluation on these problems; champion kept"}
     t = paired_test(challenger, champion)
     stats = {"p_value": t["p_value"], "challenger_only": t["a_only"], "champion_only": t["b_only"],
              "n_pairs": t["n_pairs"], "challenger_success": t["success_rate_a"],
              "champion_success": t["success_rate_b"]}
+    vs = "" if has_champion else " against the base model"
     if t["direction"] == "a" and t["p_value"] < alpha:
-        return {"promote": True, "reason": f"challenger wins the paired test (p={t['p_value']:.4g} < {alpha})", **stats}
+        return {"promote": True, "reason": f"challenger wins the paired test{vs} (p={t['p_value']:.4g} < {alpha})",
+                **stats}
     why = ("challenger is not better" if t["direction"] != "a"
            else f"improvement not significant (p={t['p_value']:.4g} >= {alpha})")
-    return {"promote": False, "reason": f"{why}; champion kept", **stats}
+    kept = "champion kept" if has_champion else "the base model stays the start model"
+    return {"promote": False, "reason": f"{why}{vs}; {kept}", **stats}
+
+
+def _base_results(paths: Paths) -> pd.DataFrame:
+    """The base model's benchmark episodes: the incumbent while the registry has no champion."""
+    table = paths.benchmark_eval_dir / "base.parquet"
+    if not table.is_file():
+        raise FileNotFoundError(f"an empty registry's candidate competes with the base model, but {table} does not "
+                                "exist; run `python -m apprentice evaluate --policy base` first (dvc repro does)")
+    return read_parquet(table)
+
+
+def _base_entry(cfg: Config, paths: Paths) -> dict[str, Any]:
+    from apprentice.modeling import resolve_model_ref
+
+    ref = Path(resolve_model_ref(cfg.model.base, paths.root))
+    return {"version": 0, "kind": "base", "iteration": 0, "weights_path": _rel(ref, paths.root),
+            "root": str(paths.root), "md5": weights_md5(ref) if ref.is_dir() else ""}
+
+
+def _rel(p: Path, root: Path) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(p)
+
+
+def weights_md5(folder: Path) -> str:
+    """md5 over a model folder's files (sorted relative paths + bytes): identifies the start model."""
+    import hashlib
+
+    h = hashlib.md5()
+    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def champion_path(entry: dict[str, Any], root: Path) -> Path:
+    """Absolute weights folder of a promotion record's ``champion`` entry."""
+    p = Path(entry["weights_path"])
+    return p if p.is_absolute() else Path(entry.get("root") or root) / p
 
 
 def check_coverage(df: pd.DataFrame, problem_ids: list[str], name: str, policy: str = "") -> None:
@@ -138,16 +195,20 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     digest = weights_digest(weights, md5)
     prior = lineage.find_version(name, rel, digest)  # these weights registered by an earlier attempt
     recorded = _recorded(prior)
-    champ = None if recorded else lineage.alias_version(name, lineage.CHAMPION)
-    champ_df = _champion_results(champ, challenger, cfg, paths) if champ else None
-    if champ_df is not None:
-        check_coverage(champ_df, eval_ids, f"champion v{champ['version']} episodes")
-        _gate(champ_df, eval_ids, "champion episodes")
-        check_same_pairs(challenger, champ_df, eval_ids)
-    decision = recorded or decide(challenger, champ_df, pc.alpha, champ is not None)
-    if recorded:
+    if recorded and prior is not None:  # a rerun: repeat the decision recorded with the version
+        decision = recorded
         before = prior["tags"].get("champion_before", "none")
-        champ = None if before == "none" else {"version": before}
+        champ = (lineage.alias_version(name, lineage.CHAMPION) if not decision["promote"]
+                 else None if before == "none" else {"version": before, "tags": {}})
+    else:
+        champ = lineage.alias_version(name, lineage.CHAMPION)
+        champ_df = _champion_results(champ, challenger, cfg, paths) if champ else _base_results(paths)
+        if champ_df is not None:
+            incumbent = f"champion v{champ['version']} episodes" if champ else "base-model episodes"
+            check_coverage(champ_df, eval_ids, incumbent, "" if champ else "base")
+            _gate(champ_df, eval_ids, incumbent)
+            check_same_pairs(challenger, champ_df, eval_ids)
+        decision = decide(challenger, champ_df, pc.alpha, champ is not None)
 
     git = lineage.git_commit(paths.root)
     success = float(challenger["success"].mean())
@@ -171,13 +232,25 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         lineage.set_tags(run_id, record)
         lineage.tag_version(name, version, {"promotion": record["promote.decision"],
                                             "promotion_reason": decision["reason"]})
-    champion_now = version if decision["promote"] or champ is None else champ["version"]
+    if decision["promote"]:
+        champion = {"version": int(version), "kind": cand, "iteration": paths.iteration, "weights_path": rel,
+                    "root": str(paths.root), "md5": md5 or weights_md5(weights)}
+    elif champ is not None:
+        t = champ["tags"]
+        champion = {"version": int(champ["version"]), "kind": t.get(lineage.TAG_KIND, ""),
+                    "iteration": int(t.get(lineage.TAG_ITER, 0) or 0), "weights_path": t.get("weights_path", ""),
+                    "root": t.get("root", str(paths.root)), "md5": t.get("dvc_md5", "")}
+    else:
+        champion = _base_entry(cfg, paths)
+    if (cp := champion_path(champion, paths.root)).is_dir():  # one md5 kind for every entry: the files' own
+        champion["md5"] = weights_md5(cp)
+    champion_now = champion["version"]
     out = {"registered_model": name, "version": int(version), "candidate": cand, "promoted": decision["promote"],
            "reason": decision["reason"], "champion_version": int(champion_now),
            "champion_before": int(champ["version"]) if champ else 0, "challenger_success": success,
-           "weights_path": rel, "dvc_md5": md5,
+           "weights_path": rel, "dvc_md5": md5, "champion": champion,
            **{k: v for k, v in decision.items() if k not in ("promote", "reason")}}
-    path = paths.reports / "promotion.json"
+    path = paths.promotion
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"promotion: {name} v{version} ({cand}) -> {'champion' if decision['promote'] else 'challenger'}: "

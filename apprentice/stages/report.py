@@ -1,9 +1,10 @@
-"""Stage ``report``: learning curves and the evaluation table of iteration k, readable offline.
+"""Stage ``report``: learning curves and the benchmark table of iterations 1..k, readable offline.
 
 Training stages write ``metrics.jsonl`` next to their model; DVC plots cannot read JSONL, so this
 stage writes ``reports/iter_k/curves/<stage>.csv`` (the DVC plots declared in ``dvc.yaml``), renders
-each as a PNG with ``vl-convert`` (bundled Vega, no CDN, no browser) and writes ``eval.md``, the
-evaluation table of every policy evaluated this iteration.
+each as a PNG with ``vl-convert`` (bundled Vega, no CDN, no browser) and writes ``eval.md``: one row
+per model per iteration on the fixed benchmark (the base model once), which model is champion after
+each promotion, and the paired test of this iteration's champion against the previous one's.
 """
 
 from __future__ import annotations
@@ -47,13 +48,92 @@ def _chart(df: pd.DataFrame, title: str) -> dict[str, Any]:
 
 
 def eval_table(eval_dir: Path) -> str:
+    """The table of the evaluations in one folder (one row per ``<policy>.json``)."""
+    return _table([(js.stem, js) for js in sorted(eval_dir.glob("*.json"))])
+
+
+def _table(files: list[tuple[str, Path]]) -> str:
     rows = []
-    for js in sorted(eval_dir.glob("*.json")):
+    for label, js in files:
         m = json.loads(js.read_text())
-        rows.append({"policy": js.stem, **{c: m.get(c) for c in TABLE_COLUMNS if c in m}})
+        rows.append({"model": label, **{c: m.get(c) for c in TABLE_COLUMNS if c in m}})
     if not rows:
         return "(no evaluation results)\n"
-    return pd.DataFrame(rows).set_index("policy").to_string(float_format="%.3f") + "\n"
+    return pd.DataFrame(rows).set_index("model").to_string(float_format="%.3f") + "\n"
+
+
+_ORDER = ("sft", "rl", "student")
+
+
+def benchmark_table(paths: Paths) -> str:
+    """Every model of iterations 1..k on the benchmark: base once, then each iteration's models in order."""
+    files = [("base", f) for f in [paths.benchmark_eval_dir / "base.json"] if f.exists()]
+    for j in range(1, paths.iteration + 1):
+        d = Paths(paths.root, j).eval_dir
+        known = sorted(d.glob("*.json"), key=lambda f: (_ORDER.index(f.stem) if f.stem in _ORDER else 9, f.stem))
+        files += [(f"iter {j} {f.stem}", f) for f in known]
+    return _table(files)
+
+
+def episodes_of(entry: dict[str, Any], paths: Paths) -> Path:
+    """The benchmark episodes of a promotion record's ``champion`` entry."""
+    if entry.get("kind") == "base":
+        return paths.benchmark_eval_dir / "base.parquet"
+    return Paths(paths.root, int(entry["iteration"])).eval_dir / f"{entry['kind']}.parquet"
+
+
+def model_comparisons(paths: Paths) -> str:
+    """Per iteration, on the benchmark: RL vs SFT (exact McNemar) and the student's success as a share
+    of its teacher's (the RL model), with a paired bootstrap interval and the parameter ratio."""
+    from apprentice.evaluation import paired_test, success_ratio
+    from apprentice.trajectories import read_parquet
+
+    lines = []
+    for j in range(1, paths.iteration + 1):
+        d = Paths(paths.root, j).eval_dir
+        tables = {m: read_parquet(d / f"{m}.parquet") for m in ("sft", "rl", "student") if (d / f"{m}.parquet").exists()}
+        if "rl" in tables and "sft" in tables:
+            t = paired_test(tables["rl"], tables["sft"])
+            lines.append(f"iter {j} rl vs sft: {t['success_rate_a']:.3f} vs {t['success_rate_b']:.3f}; only rl "
+                         f"{t['a_only']}, only sft {t['b_only']}; exact McNemar p = {t['p_value']:.4g}")
+        if "student" in tables and "rl" in tables:
+            r = success_ratio(tables["student"], tables["rl"])
+            info = Paths(paths.root, j).student_model / "student.json"
+            params = json.loads(info.read_text()).get("param_ratio") if info.exists() else None
+            lines.append(f"iter {j} student / teacher (rl) success: {r['ratio']:.2f} [{r['ci_low']:.2f}, "
+                         f"{r['ci_high']:.2f}] ({r['method']}); student params "
+                         + (f"{100 * params:.1f} % of the teacher's" if params else "unknown"))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def champion_trend(paths: Paths) -> str:
+    """Champion after each promotion, and this iteration's champion vs the previous one's (exact McNemar)."""
+    from apprentice.evaluation import paired_test
+    from apprentice.trajectories import read_parquet
+
+    champs = []
+    for j in range(1, paths.iteration + 1):
+        rec = Paths(paths.root, j).promotion
+        if rec.exists():
+            champs.append((j, json.loads(rec.read_text())))
+    if not champs:
+        return ""
+    lines = ["champion after each promotion:"]
+    for j, rec in champs:
+        c = rec.get("champion") or {}
+        who = "base model" if c.get("kind") == "base" else f"v{c.get('version')} (iter {c.get('iteration')} {c.get('kind')})"
+        lines.append(f"  iter {j}: {who}  [{'promoted' if rec.get('promoted') else 'kept'}: {rec.get('reason')}]")
+    if len(champs) >= 2 and champs[-1][1].get("champion") and champs[-2][1].get("champion"):
+        (j0, r0), (j1, r1) = champs[-2], champs[-1]
+        a, b = episodes_of(r1["champion"], paths), episodes_of(r0["champion"], paths)
+        if a == b:
+            lines.append(f"champion iter {j1} vs iter {j0}: the same model (no challenger won)")
+        elif a.exists() and b.exists():
+            t = paired_test(read_parquet(a), read_parquet(b))
+            lines.append(f"champion iter {j1} vs iter {j0}: {t['success_rate_a']:.3f} vs {t['success_rate_b']:.3f} on "
+                         f"{t['n_pairs']} benchmark episodes; only new {t['a_only']}, only old {t['b_only']}, "
+                         f"exact McNemar p = {t['p_value']:.4g}")
+    return "\n".join(lines) + "\n"
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
@@ -70,6 +150,9 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                 spec = _chart(df, f"iteration {paths.iteration}: {name}")
                 (tmp / f"{name}.png").write_bytes(vlc.vegalite_to_png(spec, scale=1.5))
                 written.append(str(out / f"{name}.png"))
-        (tmp / "eval.md").write_text(eval_table(paths.eval_dir))
+        trend, pairs = champion_trend(paths), model_comparisons(paths)
+        (tmp / "eval.md").write_text(f"benchmark ({paths.benchmark.name}, the same problems in every iteration):\n"
+                                     + benchmark_table(paths) + ("\n" + pairs if pairs else "")
+                                     + ("\n" + trend if trend else ""))
     print((out / "eval.md").read_text())
     return {"curves": written, "eval_table": str(out / "eval.md")}

@@ -45,7 +45,7 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
             raise ValueError("curriculum.evolve.feed > 0 needs the RL probe to measure the policy on each "
                              "generation; set rl.probe_samples >= 1 or curriculum.evolve.feed: 0")
         return ordered, {"candidates": len(ids), "probed": 0, "kept": len(ids)}
-    probe_rows = ordered.head(cfg.rl.probe_problems)
+    probe_rows = spread(ordered, cfg.rl.probe_problems)
     table = probe_pass_rates(cfg, probe_rows, model, tokenizer)
     fed: dict[str, Any] = {}
     if feed:  # the scheduler's generation joins right after the probed problems (GRPO reads in order)
@@ -70,10 +70,22 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
             picked = ordered
         summary = curriculum.filter_summary(ids, table, picked["problem_id"].tolist())
         return picked, {**summary, "sampler": cfg.curriculum.sampler, **fed}
-    kept = curriculum.pass_rate_filter(ids, table)
+    strata = {r["problem_id"]: (r["family"], int(r["level"])) for r in ordered.to_dict("records")}
+    kept = curriculum.band_first(curriculum.pass_rate_filter(ids, table), table, strata)
     summary = curriculum.filter_summary(ids, table, kept)
     by_id = ordered.set_index("problem_id", drop=False)
     return by_id.loc[kept].reset_index(drop=True), {**summary, **fed}
+
+
+def spread(ordered: pd.DataFrame, n: int) -> pd.DataFrame:
+    """``n`` rows evenly spaced over the curriculum order (easy -> hard), in that order.
+
+    Why not the first ``n``: the easiest problems are the ones an SFT model already always solves
+    (no GRPO signal); probing across the whole order finds the band where it sometimes succeeds."""
+    if n >= len(ordered):
+        return ordered
+    idx = sorted({round(i * (len(ordered) - 1) / max(n - 1, 1)) for i in range(n)})
+    return ordered.iloc[idx].reset_index(drop=True)
 
 
 def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:

@@ -1,26 +1,55 @@
 """Stage ``sft``: fine-tune the start model on validated teacher trajectories -> ``models/iter_k/sft``.
 
-Start model: iteration k > 1 continues from iteration k-1's RL model when it exists (the model the
-loop improved last), else from ``model.base``. Rerunning with unchanged params and inputs is a
-no-op; an interrupted run resumes from its last checkpoint (``models/iter_k/.work/sft``).
+Start model: iteration 1 starts from ``model.base``; iteration k > 1 from the registry **champion**
+after promote-(k-1), read from ``reports/iter_{k-1}/promotion.json`` (its ``champion`` entry: the
+model the registry calls best, or the base model while no candidate has beaten it). A challenger
+that lost is never trained further. The record is a DVC dependency of this stage and names the
+weights by md5, so ``dvc repro`` rebuilds the same chain without MLflow. The start model (path +
+md5 + where it came from) is written to ``reports/iter_k/sft_start.json`` (DVC metrics; logged to
+MLflow as tags). Rerunning with unchanged params and inputs is a no-op; an interrupted run resumes
+from its last checkpoint (``models/iter_k/.work/sft``).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from apprentice.config import Config
-from apprentice.paths import Paths
+from apprentice.paths import Paths, atomic_path
+
+
+def start_record(cfg: Config, paths: Paths) -> dict[str, Any]:
+    """Where iteration k's SFT starts: ``{"path", "source", "version", "iteration", "md5"}``."""
+    from apprentice.modeling import resolve_model_ref
+    from apprentice.stages.promote import champion_path, weights_md5
+
+    prev = paths.previous()
+    if prev is None:
+        ref = resolve_model_ref(cfg.model.base, paths.root)
+        return {"path": ref, "source": "base", "version": 0, "iteration": 0,
+                "md5": weights_md5(Path(ref)) if Path(ref).is_dir() else ""}
+    if not prev.promotion.exists():
+        raise FileNotFoundError(f"iteration {paths.iteration} starts from the champion after promote-{prev.iteration}, "
+                                f"but {prev.promotion} does not exist; run `python -m apprentice promote --iter "
+                                f"{prev.iteration}` first (dvc repro does)")
+    champ = json.loads(prev.promotion.read_text()).get("champion")
+    if not champ:
+        raise ValueError(f"{prev.promotion} names no champion (written by an older version); rerun "
+                         f"`python -m apprentice promote --iter {prev.iteration}`")
+    path = champion_path(champ, paths.root)
+    source = "base" if champ.get("kind") == "base" else f"champion v{champ['version']}"
+    return {"path": str(path), "source": source, "version": int(champ["version"]),
+            "iteration": int(champ.get("iteration", 0)), "md5": champ.get("md5", "")}
 
 
 def start_model(cfg: Config, paths: Paths) -> str:
-    from apprentice.modeling import resolve_model_ref
+    return start_record(cfg, paths)["path"]
 
-    prev = paths.previous()
-    if prev is not None and (prev.rl_model / "config.json").exists():
-        return str(prev.rl_model)
-    return resolve_model_ref(cfg.model.base, paths.root)
+
+def start_file(paths: Paths) -> Path:
+    return paths.reports / "sft_start.json"
 
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:
@@ -30,8 +59,14 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
     from apprentice.trajectories import read_parquet, to_sft_records
 
     common.setup_runtime(cfg)
-    base = start_model(cfg, paths)
+    start = start_record(cfg, paths)
+    base = start["path"]
     common.require_model(base)
+    with atomic_path(start_file(paths)) as tmp:
+        from apprentice.stages.promote import _rel
+
+        tmp.write_text(json.dumps({"start_model": {**start, "path": _rel(Path(base), paths.root)}}, indent=1,
+                                  sort_keys=True) + "\n")
     stamp = common.fingerprint({"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "start": base},
                                [paths.sft_data, Path(base)])
     if common.is_done(paths.sft_model, stamp):
@@ -40,4 +75,4 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
     tok = load_tokenizer(base, cfg.model.chat_template)
     result = train_sft(base, tok, records, paths.sft_model, cfg.sft, dtype=cfg.model.dtype, stamp=stamp,
                        callbacks=callbacks or [])
-    return {"start_model": base, **result}
+    return {"start_model": base, "start_model_md5": start["md5"], "start_source": start["source"], **result}

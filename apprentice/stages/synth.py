@@ -1,22 +1,25 @@
-"""Stage ``synth``: generate iteration k's training and held-out problem specs.
+"""Stage ``synth``: generate iteration k's training problem specs -> ``paths.problems``.
 
-Writes ``paths.problems`` (split ``train``) and ``paths.eval_problems`` (split ``eval``) as problem
-tables (:func:`apprentice.trajectories.problems_frame`). Problem ``i`` of a split goes to family
-``families[i % F]`` at level ``levels[(i // F) % L]``, so every family sees every level in turn, and
-its seed is derived from (pipeline seed, synth seed, iteration, split, i): the same config gives
-byte-identical Parquet files, and train and eval never share a problem (asserted). Each family's
-``generate(seed, level)`` accepts a problem only if its oracle earns reward 1.0 on replay.
+Problem ``i`` goes to family ``families[i % F]`` at level ``levels[(i // F) % L]``, so every family
+sees every level in turn, and its seed is derived from (pipeline seed, synth seed, iteration, i):
+the same config gives byte-identical Parquet files. Each family's ``generate(seed, level)``
+accepts a problem only if its oracle earns reward 1.0 on replay.
+
+Held out by content: the held-out problems are the fixed benchmark (``stages.benchmark``, one set
+for all iterations). A training candidate whose task text + oracle plan equals a benchmark
+problem's, or an earlier training problem's, is replaced by the next seed derived from its slot
+(:func:`apprentice.stages.benchmark.generate_unique`): training never sees a benchmark problem under
+another id, and holds no content duplicates.
 
 Selection (``synth.sampler``, iterations k > 1): generate ``n_train x synth.oversample`` training
 candidates, predict the current model's pass rate on each *before any rollout* (the ex-ante
-difficulty predictor, :mod:`apprentice.difficulty`, fitted on iteration k-1's held-out episodes of
-the promoted candidate) and keep the ``n_train`` that the curriculum sampler picks from those
-predictions: the iteration trains where the model is predicted to learn, at no rollout cost. The
-held-out split is never selected (it must stay an unbiased sample of the levels).
+difficulty predictor, :mod:`apprentice.difficulty`, fitted on iteration k-1's benchmark episodes of
+the promoted candidate: only pass rates against difficulty features, no benchmark problem is
+trained on) and keep the ``n_train`` that the curriculum sampler picks from those predictions.
 
 Resumable: a manifest (``synth.json`` beside the outputs, written last) records a fingerprint of the
-config section, the iteration and the generator source code, plus the outputs' SHA-256; a rerun that
-finds matching outputs does nothing.
+config section, the iteration, the benchmark and the generator source code, plus the outputs'
+SHA-256; a rerun that finds matching outputs does nothing.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def fingerprint(cfg: Config, paths: Paths) -> str:
     sources += [inspect.getsourcefile(FAMILIES[f]) for f in cfg.synth.families]
     code = {Path(s).name: _sha256(Path(s)) for s in sources if s}
     blob: dict[str, Any] = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
-                            "iteration": paths.iteration, "code": dict(sorted(code.items()))}
+                            "iteration": paths.iteration, "code": dict(sorted(code.items())),
+                            "benchmark": _sha256(paths.benchmark) if paths.benchmark.exists() else None}
     if cfg.synth.sampler != "none":
         prev = previous_episodes(cfg, paths)
         blob["selection"] = {"curriculum": cfg.curriculum.model_dump(mode="json", exclude=SELECTION_EXCLUDE),
@@ -142,7 +146,7 @@ def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | No
 
 def _is_done(cfg: Config, paths: Paths, fp: str) -> dict[str, Any] | None:
     m = manifest_path(paths)
-    if not (m.exists() and paths.problems.exists() and paths.eval_problems.exists()):
+    if not (m.exists() and paths.problems.exists()):
         return None
     try:
         info = json.loads(m.read_text())
@@ -150,64 +154,63 @@ def _is_done(cfg: Config, paths: Paths, fp: str) -> dict[str, Any] | None:
         return None
     if info.get("fingerprint") != fp:
         return None
-    if info.get("sha256") != {"problems": _sha256(paths.problems), "eval_problems": _sha256(paths.eval_problems)}:
+    if info.get("sha256") != {"problems": _sha256(paths.problems)}:
         return None
     return info
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
-    """Generate and write both splits; return counts per split/family/level and mean oracle turns."""
+    """Generate and write the training problems; return counts per family/level and mean oracle turns."""
     fp = fingerprint(cfg, paths)
     if (info := _is_done(cfg, paths, fp)) is not None:
         return {**info["summary"], "skipped": True}
 
+    from apprentice.stages import benchmark
+
+    held = benchmark.require(paths)
     n_train = cfg.synth.n_train
     if cfg.synth.sampler != "none":  # candidates to select from (see select_train)
         n_train = math.ceil(n_train * cfg.synth.oversample)
-    jobs = {"train": plan(cfg, paths.iteration, "train", n_train),
-            "eval": plan(cfg, paths.iteration, "eval", cfg.synth.n_eval)}
-    specs: dict[str, list[ProblemSpec]] = {"train": [], "eval": []}
-    with tqdm(total=sum(map(len, jobs.values())), desc=f"synth iter {paths.iteration}", unit="problem") as bar:
-        for split, items in jobs.items():
-            for family, level, seed in items:
-                spec = _generator(family)(seed, level)
-                specs[split].append(spec)
-                bar.update()
+    jobs = plan(cfg, paths.iteration, "train", n_train)
+    taken = benchmark.content_keys(held)  # training never repeats a benchmark problem's content
+    n_held = len(taken)
+    with tqdm(total=len(jobs), desc=f"synth iter {paths.iteration}", unit="problem") as bar:
+        specs: list[ProblemSpec] = []
+        for job in jobs:
+            specs += benchmark.generate_unique([job], taken, f"synth iteration {paths.iteration}")
+            bar.update()
 
     selection: dict[str, Any] = {}
     if cfg.synth.sampler != "none":
-        keep, selection = select_train(cfg, specs["train"], previous_episodes(cfg, paths), cfg.synth.n_train)
-        specs["train"] = [specs["train"][i] for i in keep]
-        jobs["train"] = [jobs["train"][i] for i in keep]
+        keep, selection = select_train(cfg, specs, previous_episodes(cfg, paths), cfg.synth.n_train)
+        specs = [specs[i] for i in keep]
+        jobs = [jobs[i] for i in keep]
     turns: dict[str, dict[str, list[int]]] = {}  # oracle plan lengths of the problems kept
-    for split in jobs:
-        for (family, level, _), spec in zip(jobs[split], specs[split], strict=True):
-            turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
-    ids = {split: [s.problem_id for s in ss] for split, ss in specs.items()}
-    for split, pid in ids.items():
-        assert len(set(pid)) == len(pid), f"synth: duplicate problem ids within {split}; change synth.seed"
-    shared = set(ids["train"]) & set(ids["eval"])
-    assert not shared, f"synth: train and eval share problems {sorted(shared)[:3]}; change synth.seed"
+    for (family, level, _), spec in zip(jobs, specs, strict=True):
+        turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
+    ids = [s.problem_id for s in specs]
+    assert len(set(ids)) == len(ids), "synth: duplicate problem ids; change synth.seed"
+    shared = set(ids) & set(held["problem_id"])
+    assert not shared, f"synth: training shares problems {sorted(shared)[:3]} with the benchmark"
 
-    frames = {split: problems_frame(specs[split], [lv for _, lv, _ in jobs[split]], split) for split in jobs}
+    frames = {"train": problems_frame(specs, [lv for _, lv, _ in jobs], "train")}
     write_parquet(frames["train"], paths.problems)
-    write_parquet(frames["eval"], paths.eval_problems)
 
     counts = {split: {f: {str(lv): int(n) for lv, n in sorted(g.groupby("level").size().items())}
                       for f, g in sorted(df.groupby("family"))} for split, df in frames.items()}
     summary = {
         "iteration": paths.iteration,
-        "train": len(specs["train"]),
-        "eval": len(specs["eval"]),
+        "train": len(specs),
+        "benchmark": n_held,
         "counts": counts,
         "oracle_turns_mean": {f: {lv: round(mean(v), 2) for lv, v in sorted(d.items())}
                               for f, d in sorted(turns.items())},
         "problems": str(paths.problems),
-        "eval_problems": str(paths.eval_problems),
+        "benchmark_path": str(paths.benchmark),
         **({"selection": selection} if selection else {}),
     }
     manifest = {"fingerprint": fp, "summary": summary,
-                "sha256": {"problems": _sha256(paths.problems), "eval_problems": _sha256(paths.eval_problems)}}
+                "sha256": {"problems": _sha256(paths.problems)}}
     with atomic_path(manifest_path(paths)) as tmp:  # written last: its presence means "done"
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return {**summary, "skipped": False}

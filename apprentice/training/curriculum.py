@@ -89,6 +89,30 @@ def pass_rate_filter(ordered_ids: list[str], table: Mapping[str, PassRate]) -> l
     return kept
 
 
+def band_first(kept: list[str], table: Mapping[str, PassRate],
+               strata: Mapping[str, Any] | None = None) -> list[str]:
+    """``kept`` with the probed, informative problems first, then the unprobed ones whose stratum
+    (e.g. (family, level)) the probe found closest to a 0.5 pass rate; curriculum order within ties.
+
+    GRPO reads the dataset in order and takes only ``max_steps x prompts_per_step`` prompts on CPU;
+    unprobed problems interleaved by difficulty would otherwise come first and, being mostly easy,
+    give constant-reward groups (zero gradient). A probe sees a few problems per stratum; their
+    pooled pass rate is the best cheap guess of where an unprobed problem's group will vary."""
+    band = [p for p in kept if p in table and informative(table[p])]
+    rest = [p for p in kept if p not in set(band)]
+    if strata:
+        pooled: dict[Any, list[int]] = {}
+        for pid, r in table.items():
+            if pid in strata:
+                c = pooled.setdefault(strata[pid], [0, 0])
+                c[0], c[1] = c[0] + r.successes, c[1] + r.samples
+        def distance(pid: str) -> float:
+            c = pooled.get(strata.get(pid))
+            return abs(c[0] / c[1] - 0.5) if c and c[1] and pid not in table else 1.0
+        rest = sorted(rest, key=distance)  # stable: curriculum order within equal distances
+    return band + rest
+
+
 def filter_summary(ordered_ids: list[str], table: Mapping[str, PassRate], kept: list[str]) -> dict[str, Any]:
     probed = [pid for pid in ordered_ids if pid in table]
     return {

@@ -94,6 +94,18 @@ def reward_trend(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"reward_first": ys[0], "reward_last": ys[-1], "reward_mean": my, "reward_slope": slope}
 
 
+def signal_share(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Share of GRPO steps that could move the model: some group had reward variance
+    (``frac_reward_zero_std`` < 1) and the gradient was not zero. A step where every group's rewards
+    are equal has zero advantages, hence zero policy gradient (with ``beta`` = 0): RL then only
+    costs time. The RL stage reports this so a run that learned nothing says so."""
+    steps = [r for r in rows if "frac_reward_zero_std" in r]
+    if not steps:
+        return {}
+    live = [r for r in steps if float(r["frac_reward_zero_std"]) < 1 and float(r.get("grad_norm", 0) or 0) > 0]
+    return {"signal_steps": len(live), "logged_steps": len(steps), "signal_share": len(live) / len(steps)}
+
+
 def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Path, rl: RLConfig, *,
                dtype: str = "auto", stamp: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
                reward_funcs: Sequence[Any] = (), extra_files: dict[str, str] | None = None,
@@ -119,8 +131,10 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
     if isinstance(model, str | Path):
         model = load_model(model, dtype="fp32")
     model.train()
+    total = rl.prompts_per_step * rl.num_generations  # episodes per optimizer step (one generation batch)
+    micro = min(rl.micro_batch_size, total)
     args = common.trl_args(
-        GRPOConfig, work, dtype=dtype, max_steps=rl.max_steps, batch_size=rl.prompts_per_step * rl.num_generations,
+        GRPOConfig, work, dtype=dtype, max_steps=rl.max_steps, batch_size=micro, grad_accum=total // micro,
         learning_rate=rl.learning_rate, save_steps=rl.save_steps, seed=rl.seed,
         num_generations=rl.num_generations, max_completion_length=rl.max_completion_length,
         max_tool_calling_iterations=rl.max_tool_calls, beta=rl.beta, shuffle_dataset=False,
@@ -145,6 +159,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
         "train_loss": common.summary_train_loss(final_dir / common.METRICS_FILE, stage, out.training_loss),
         "problems": len(dataset),
         **reward_trend([r for r in rows if "train_loss" not in r]),
+        **signal_share([r for r in rows if "train_loss" not in r]),
         "wall_s": round(time.time() - t0, 1),
         "metrics": str(final_dir / common.METRICS_FILE),
     }

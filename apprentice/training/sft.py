@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from trl import SFTTrainer
+
 from apprentice.config import SFTConfig
 from apprentice.training import common
 
@@ -59,8 +62,9 @@ def apply_horizon(record: dict[str, Any], tokenizer: Any, horizon_tokens: int) -
     return {**record, "messages": messages[:keep]}
 
 
-def build_dataset(records: Sequence[dict[str, Any]], tokenizer: Any = None, horizon_tokens: int = 0) -> Any:
-    """TRL conversational dataset with ``Json`` columns (see module doc), horizon applied."""
+def build_dataset(records: Sequence[dict[str, Any]], tokenizer: Any = None, horizon_tokens: int = 0,
+                  max_length: int = 0) -> Any:
+    """TRL conversational dataset with ``Json`` columns (see module doc), horizon and length cut applied."""
     from datasets import Dataset, Features, Json, List
 
     if not records:
@@ -68,6 +72,12 @@ def build_dataset(records: Sequence[dict[str, Any]], tokenizer: Any = None, hori
                          "report (data/iter_k/sft.parquet)")
     if horizon_tokens > 0:
         records = [apply_horizon(r, tokenizer, horizon_tokens) for r in records]
+    if max_length > 0:
+        fitted = [fit_length(r, tokenizer, max_length) for r in records]
+        records = [r for r in fitted if r is not None]
+        if not records:
+            raise ValueError(f"no SFT record fits sft.max_length={max_length} tokens even cut to its first assistant "
+                             "turn; raise sft.max_length")
     rows = [{"messages": list(r["messages"]), "tools": list(r.get("tools") or [])} for r in records]
     return Dataset.from_list(rows, features=Features({"messages": List(Json()), "tools": List(Json())}))
 
@@ -78,16 +88,70 @@ def lora_config(r: int) -> Any:
     return LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-def sft_trl_config(sft: SFTConfig, output_dir: Path, dtype: str, **extra: Any) -> Any:
-    """The ``trl.SFTConfig`` our stage runs with (the benchmark builds raw TRL from the same values)."""
+def sft_trl_config(sft: SFTConfig, output_dir: Path, dtype: str, fast: bool = True, **extra: Any) -> Any:
+    """The ``trl.SFTConfig`` our stage runs with (the benchmark builds raw TRL from the same values).
+
+    ``fast``: padding-free batches (records are pre-cut to ``max_length`` by :func:`fit_length`, so TRL's
+    own truncation is off); ``fast=False`` is TRL's padded default."""
     from trl import SFTConfig as TRLSFTConfig
 
+    length = {"padding_free": True, "max_length": None} if fast else {"max_length": sft.max_length}
     return common.trl_args(
         TRLSFTConfig, output_dir, dtype=dtype, max_steps=sft.max_steps, batch_size=sft.batch_size,
         grad_accum=sft.grad_accum, learning_rate=sft.learning_rate, save_steps=sft.save_steps, seed=sft.seed,
-        deepspeed=common.deepspeed_config(sft.deepspeed), max_length=sft.max_length, assistant_only_loss=True,
-        **extra,
+        deepspeed=common.deepspeed_config(sft.deepspeed), assistant_only_loss=True, **length, **extra,
     )
+
+
+class ApprenticeSFTTrainer(SFTTrainer):
+    """TRL's ``SFTTrainer`` with padding-free batches and the LM head on loss positions only.
+
+    Same objective and metrics as TRL (token-mean NLL over assistant tokens, normalised by
+    ``num_items_in_batch`` under gradient accumulation; ``entropy``, ``mean_token_accuracy``,
+    ``num_tokens``); see :mod:`apprentice.training.packing` for why and what it saves. Overrides
+    the public ``compute_loss`` and appends to TRL's ``_metrics`` (TRL is pinned exactly; a contract
+    test checks both).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._seen_tokens = 0
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        from apprentice.training.packing import compact_nll
+
+        if return_outputs or self.args.loss_type != "nll" or self.label_smoother is not None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        nll, st = compact_nll(model, inputs)
+        denom = st["n"] if num_items_in_batch is None else num_items_in_batch
+        loss = nll / torch.as_tensor(denom).clamp(min=1)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes
+        mode = "train" if self.model.training else "eval"
+        n = max(int(st["n"]), 1)
+        self._metrics[mode]["entropy"].append(float(st["entropy_sum"]) / n)
+        self._metrics[mode]["mean_token_accuracy"].append(float(st["correct"]) / n)
+        if mode == "train":
+            ids = inputs["input_ids"]
+            real = inputs["attention_mask"].sum() if "attention_mask" in inputs else ids.numel()
+            self._seen_tokens += int(real)
+            self._metrics[mode]["num_tokens"] = [self._seen_tokens]
+        return loss
+
+
+def fit_length(record: dict[str, Any], tokenizer: Any, max_length: int) -> dict[str, Any] | None:
+    """``record`` cut at the last assistant turn boundary that fits ``max_length`` tokens (None if none does).
+
+    Padding-free batches are not truncated by TRL, and a token-level cut would leave half a tool call
+    in the targets anyway; a turn-boundary cut keeps every supervised turn whole."""
+    messages, tools = list(record["messages"]), record.get("tools")
+    if _render_len(tokenizer, messages, tools) <= max_length:
+        return record
+    for end in range(len(messages) - 1, episode_start(messages), -1):
+        if messages[end - 1].get("role") == "assistant" and _render_len(tokenizer, messages[:end], tools) <= max_length:
+            return {**record, "messages": messages[:end]}
+    return None
 
 
 def _zero_stage(trainer: Any) -> int | None:
@@ -105,9 +169,9 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
     Returns a summary: steps, the step it resumed from, final loss, wall time, metrics path.
     """
     from transformers import set_seed
-    from trl import SFTTrainer
 
     from apprentice.modeling import load_model
+    from apprentice.training.packing import use_varlen
 
     t0 = time.time()
     final_dir = Path(final_dir)
@@ -115,14 +179,15 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
     work.mkdir(parents=True, exist_ok=True)
     metrics = work / common.METRICS_FILE
     set_seed(sft.seed)
-    dataset = build_dataset(records, tokenizer, sft.horizon_tokens)
+    dataset = build_dataset(records, tokenizer, sft.horizon_tokens, sft.max_length)
     if isinstance(model, str | Path):
         model = load_model(model, dtype="fp32")  # fp32 master weights; bf16 runs as autocast
     model.train()
+    restore_attn = use_varlen(model)
     args = sft_trl_config(sft, work, dtype)
     ckpt = common.last_checkpoint(work)
     common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
-    trainer = SFTTrainer(
+    trainer = ApprenticeSFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora_config(sft.lora_r) if sft.lora else None,
         callbacks=[common.MetricsCallback(metrics, stage), *callbacks],
@@ -130,6 +195,7 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
     try:
         out = trainer.train(resume_from_checkpoint=ckpt)
         zero_stage = _zero_stage(trainer)
+        model.set_attn_implementation(restore_attn)  # the saved model must load anywhere
         common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics)
     finally:
         if sft.deepspeed != "none":

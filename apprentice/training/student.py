@@ -1,8 +1,13 @@
 """Student construction: a smaller causal LM that shares the teacher's tokenizer.
 
 Two sources (``distill.student.source``):
-  * ``prune`` (default): a layer-dropped copy of the teacher. Keep every k-th decoder layer plus the
-    last one, copy embeddings, final norm and head. The copy is a FRESH module built from a config
+  * ``prune`` (default): a layer-dropped copy of the teacher, copy embeddings, final norm and head.
+    ``keep_every`` k sets the size (as many layers as "every k-th plus the last"); ``prune`` picks
+    which: ``every`` keeps 0, k, 2k, ... and the last; ``influence`` keeps the layers that change
+    the residual stream most on the teacher's own training data (ShortGPT's Block Influence,
+    Men et al. 2024: BI_i = 1 - mean cos(h_i, h_{i+1}) over tokens; the first and last layers are
+    always kept). Dropping the layers that barely rotate the hidden state removes less of what the
+    teacher learned than dropping every other layer, so the warm start starts from a lower loss. The copy is a FRESH module built from a config
     with fewer layers, then loaded with renamed weights: deleting entries of the teacher's
     ``ModuleList`` would keep the old ``layer_idx`` values, which KV-cache indexing depends on
     (pitfall 7). Keeping the last layer matters: on SmolLM2 it halves the initial loss
@@ -41,14 +46,76 @@ def kept_layers(n_layers: int, keep_every: int) -> list[int]:
     return keep
 
 
-def prune_layers(teacher: Any, keep_every: int) -> Any:
-    """A fresh model of the teacher's class with only the kept decoder layers (weights copied)."""
+@torch.no_grad()
+def block_influence(teacher: Any, batches: list[torch.Tensor]) -> list[float]:
+    """ShortGPT's Block Influence of each decoder layer: 1 - mean cosine(input, output) over tokens."""
+    was = teacher.training
+    teacher.eval()
+    sums: list[float] = []
+    count = 0
+    for ids in batches:
+        hs = teacher(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        cos = [torch.nn.functional.cosine_similarity(hs[i].float(), hs[i + 1].float(), dim=-1).flatten()
+               for i in range(len(hs) - 1)]
+        if not sums:
+            sums = [0.0] * len(cos)
+        for i, c in enumerate(cos):
+            sums[i] += float((1 - c).sum())
+        count += cos[0].numel()
+    teacher.train(was)
+    return [s / max(count, 1) for s in sums]
+
+
+@torch.no_grad()
+def block_similarity(teacher: Any, batches: list[torch.Tensor], n_drop: int) -> list[float]:
+    """Mean cosine between the residual stream before layer l and after layer l+n_drop-1, for each l
+    (Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers"): the most similar
+    pair marks the contiguous block of ``n_drop`` layers that changes the stream least."""
+    was = teacher.training
+    teacher.eval()
+    sums: list[float] = []
+    count = 0
+    for ids in batches:
+        hs = teacher(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        cos = [float(torch.nn.functional.cosine_similarity(hs[l].float(), hs[l + n_drop].float(), dim=-1).sum())
+               for l in range(len(hs) - n_drop)]
+        sums = cos if not sums else [a + b for a, b in zip(sums, cos, strict=True)]
+        count += hs[0].shape[0] * hs[0].shape[1]
+    teacher.train(was)
+    return [x / max(count, 1) for x in sums]
+
+
+def block_layers(similarity: list[float], n_layers: int, n_keep: int) -> list[int]:
+    """Keep everything but the contiguous block of ``n_layers - n_keep`` layers whose input and output
+    are most similar; the block never includes the first or the last layer."""
+    n_drop = n_layers - n_keep
+    if n_drop <= 0:
+        return list(range(n_layers))
+    starts = [l for l in range(1, n_layers - n_drop) if l + n_drop <= n_layers - 1]
+    best = max(starts, key=lambda l: similarity[l])
+    return [i for i in range(n_layers) if not best <= i < best + n_drop]
+
+
+def influence_layers(influence: list[float], n_keep: int) -> list[int]:
+    """The ``n_keep`` layers with the highest influence, always including the first and the last."""
+    n = len(influence)
+    if n_keep >= n:
+        return list(range(n))
+    forced = {0, n - 1}
+    rest = sorted((i for i in range(n) if i not in forced), key=lambda i: -influence[i])
+    return sorted(forced | set(rest[: max(n_keep - len(forced), 0)]))
+
+
+def prune_layers(teacher: Any, keep_every: int, keep: list[int] | None = None) -> Any:
+    """A fresh model of the teacher's class with only the kept decoder layers (weights copied).
+
+    ``keep``: explicit layer indices (e.g. :func:`influence_layers`); default every ``keep_every``-th + last."""
     from transformers import AutoModelForCausalLM
 
     cfg = copy.deepcopy(teacher.config)
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     n = int(text_cfg.num_hidden_layers)
-    keep = kept_layers(n, keep_every)
+    keep = sorted(keep) if keep is not None else kept_layers(n, keep_every)
     text_cfg.num_hidden_layers = len(keep)
     if isinstance(getattr(text_cfg, "layer_types", None), list):  # per-layer attention kinds (sliding/full)
         text_cfg.layer_types = [text_cfg.layer_types[i] for i in keep]
@@ -100,10 +167,25 @@ def check_compatible(student: Any, teacher: Any, student_tokenizer: Any | None =
 
 
 def build_student(teacher: Any, source: str = "prune", keep_every: int = 3, *, teacher_tokenizer: Any = None,
-                  root: str | Path = ".") -> Any:
-    """The student for ``teacher``: ``source='prune'`` or an HF id/path (checked for compatibility)."""
+                  root: str | Path = ".", prune: str = "every", calibration: list[torch.Tensor] | None = None) -> Any:
+    """The student for ``teacher``: ``source='prune'`` or an HF id/path (checked for compatibility).
+
+    ``prune='influence'`` needs ``calibration``: a few token-id batches of the teacher's training data."""
     if source == "prune":
-        return prune_layers(teacher, keep_every)
+        keep = None
+        if prune in ("influence", "block"):
+            if not calibration:
+                raise ValueError(f"distill.student.prune={prune} needs calibration sequences (the SFT set is empty?)")
+            n_layers = int(teacher.config.get_text_config().num_hidden_layers)
+            n_keep = len(kept_layers(n_layers, keep_every))
+            if prune == "influence":
+                keep = influence_layers(block_influence(teacher, calibration), n_keep)
+            else:
+                keep = block_layers(block_similarity(teacher, calibration, n_layers - n_keep), n_layers, n_keep)
+        student = prune_layers(teacher, keep_every, keep)
+        student.config.apprentice_kept_layers = keep or kept_layers(
+            int(teacher.config.get_text_config().num_hidden_layers), keep_every)
+        return student
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from apprentice.modeling import resolve_model_ref

@@ -32,8 +32,8 @@ def _run(cmd, cwd, **kw):
 
 #: Sizes for this test where the quick profile leaves a key unset (quick's own values win): the
 #: tiny random Llama and a handful of steps, so the whole stack runs in about a minute.
-FAST = {"model": {"base": "models/tiny"},
-        "synth": {"n_train": 12, "n_eval": 8, "levels": [0]},
+FAST = {"pipeline": {"iterations": 2}, "model": {"base": "models/tiny"},
+        "synth": {"n_train": 12, "levels": [0]}, "benchmark": {"n": 8},
         "sft": {"max_steps": 2, "batch_size": 4, "save_steps": 1},
         "rl": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 32,
                "probe_samples": 0, "save_steps": 1},
@@ -112,8 +112,10 @@ def test_killed_flow_resumes_and_records_lineage(project):
     summary = self_improve(profile="quick", repo=str(root))
     resume_s = time.time() - t1
     executed = {s["stage"]: s["executed"] for s in summary["iterations"][0]["stages"]}
-    assert not any(executed[s] for s in ["prepare-base", "synth-1", "teacher-rollout-1", "validate-1"]), executed
+    assert not any(executed[s] for s in ["prepare-base", "benchmark", "synth-1", "teacher-rollout-1", "validate-1"]), executed
     assert all(executed[s] for s in ["sft-1", "rl-1", "distill-1", "evaluate-1", "promote-1", "report-1"]), executed
+    it2 = {s["stage"]: s["executed"] for s in summary["iterations"][1]["stages"]}
+    assert all(it2[f"{s}-2"] for s in ["synth", "sft", "rl", "evaluate", "promote"]), it2
     print(f"resume after kill: {resume_s:.1f} s")
 
     # ---- lineage ------------------------------------------------------------------------------
@@ -129,7 +131,7 @@ def test_killed_flow_resumes_and_records_lineage(project):
     parent = summary["iterations"][0]["parent_run_id"]
     nested = c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
     names = {r.info.run_name: r for r in nested}
-    assert set(names) == {"prepare-base", *(f"{s}-1" for s in
+    assert set(names) == {"prepare-base", "benchmark", *(f"{s}-1" for s in
                           ["synth", "evolve", "teacher-rollout", "validate", "sft", "rl", "distill", "evaluate", "promote",
                            "report"])}
     assert "pass_rate.gen_0" in c.get_run(names["evolve-1"].info.run_id).data.metrics  # generations measured
@@ -143,8 +145,27 @@ def test_killed_flow_resumes_and_records_lineage(project):
     assert "models/iter_1/sft" in sft_in  # the output, by reference
     assert c.get_run(parent).data.tags["git.commit"] != "unknown"
 
+    # ---- the loop builds on its champion ----------------------------------------------------------
     name = "apprentice-agent"
-    assert lineage.aliases(name) == {"champion": "1", "challenger": "1"}  # first model: champion
+    promo1 = json.loads((wd / "reports/iter_1/promotion.json").read_text())
+    aliases = lineage.aliases(name)
+    assert aliases["challenger"] == "2"  # iteration 2's candidate was registered too
+    base_rate = json.loads((wd / "data/benchmark/eval/base.json").read_text())["success_rate"]
+    if "champion" in aliases:  # the alias only ever names a model that beat what it replaced
+        champ = lineage.alias_version(name, "champion")
+        assert float(champ["tags"]["success_rate"]) > base_rate
+    else:  # the tiny random model beats nothing: the base model stays the start model
+        assert promo1["champion"]["kind"] == "base" and not promo1["promoted"]
+    start2 = json.loads((wd / "reports/iter_2/sft_start.json").read_text())["start_model"]
+    assert start2["path"] == promo1["champion"]["weights_path"] and start2["md5"] == promo1["champion"]["md5"]
+    assert start2["md5"] and c.get_run(next(r for r in c.search_runs(
+        [exp.experiment_id], "tags.`mlflow.runName` = 'sft-2'")).info.run_id).data.tags["start_model.md5"] == start2["md5"]
+    # one benchmark for both iterations: base evaluated once (no iter_k copy), every model scored on it
+    assert not (wd / "data/iter_1/eval/base.json").exists() and not (wd / "data/iter_1/eval_problems.parquet").exists()
+    assert lock["evaluate-rl-2"]["deps"] and any(d["path"] == "data/benchmark/problems.parquet"
+                                                 for d in lock["evaluate-rl-2"]["deps"])
+    table = (wd / "reports/iter_2/curves/eval.md").read_text()
+    assert "iter 1 rl" in table and "iter 2 rl" in table and table.count("\nbase ") == 1
     mv = c.get_model_version(name, "1")
     assert mv.run_id == names["promote-1"].info.run_id
     cand = yaml.safe_load((wd / "params.yaml").read_text())["promote"]["candidate"]  # the model it registers
@@ -179,10 +200,11 @@ def test_rl_param_change_invalidates_only_rl_and_after(project):
         out = _run([sys.executable, "-m", "dvc", "repro", "--dry"], wd, env=project["env"]).stdout
     finally:
         params.write_text(before)
-    assert set(status) == {"rl-1"}, status  # only rl's own params changed
+    assert set(status) == {"rl-1", "rl-2"}, status  # only rl's own params changed
     would_run = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
-    assert "rl-1" in would_run and would_run <= {"rl-1", "distill-1", "evaluate-rl-1", "evaluate-student-1",
-                                                 "promote-1", "report-1"}, would_run  # base/sft evals stay cached
+    assert "rl-1" in would_run and not would_run & {"prepare-base", "benchmark", "evaluate-base", "synth-1",
+                                                    "teacher-rollout-1", "validate-1", "sft-1", "evaluate-sft-1",
+                                                    "evolve-1"}, would_run  # base/sft evals stay cached
 
 
 def test_bad_rows_stop_the_flow_at_the_gate(project):

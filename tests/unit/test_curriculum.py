@@ -54,3 +54,13 @@ def test_filter_falls_back_to_unfiltered_when_nothing_is_informative():
     ordered = ["a", "b"]
     with pytest.warns(UserWarning, match="always or never solved"):
         assert pass_rate_filter(ordered, {"a": PassRate(0, 2), "b": PassRate(2, 2)}) == ordered
+
+
+def test_band_first_then_unprobed_by_their_strata_pass_rate():
+    from apprentice.training.curriculum import PassRate, band_first
+
+    table = {"a": PassRate(4, 4), "b": PassRate(2, 4), "c": PassRate(0, 4)}  # a: easy, b: band, c: hard
+    strata = {"a": "easy", "b": "mid", "c": "hard", "x": "easy", "y": "mid", "z": "hard", "w": "unknown"}
+    kept = ["a", "x", "y", "b", "z", "w"]
+    assert band_first(kept, table, strata) == ["b", "y", "x", "z", "a", "w"]  # y: its stratum is at 0.5
+    assert band_first(kept, table) == ["b", "a", "x", "y", "z", "w"]  # without strata: order kept

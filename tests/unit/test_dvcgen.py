@@ -21,9 +21,15 @@ def test_iterations_chain_and_per_key_params():
     raw = load_raw(REPO / "params.yaml")
     raw["pipeline"]["iterations"] = 2
     stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
-    assert [s for s in stages if s.endswith("-2")] == [n for s in dvcgen.ITERATION_STAGES for n in dvcgen.dvc_stages(s, 2)]
+    assert [s for s in stages if s.endswith("-2")] == [n for s in dvcgen.ITERATION_STAGES for n in dvcgen.dvc_stages(s, 2)
+                                                       if n.endswith("-2")]
+    # one benchmark and one base evaluation for all iterations; every iteration reads the same benchmark
+    assert [s for s in stages if not s[-1].isdigit()] == ["prepare-base", "benchmark", "evaluate-base"]
+    assert all(dvcgen.BENCHMARK in stages[f"evaluate-rl-{k}"]["deps"] for k in (1, 2))
+    assert dvcgen.BENCHMARK in stages["synth-2"]["deps"]  # training is kept disjoint from it by content
     assert "data/iter_1/eval" in stages["synth-2"]["deps"]  # evolution reads the previous results
     assert "reports/iter_1/promotion.json" in stages["sft-2"]["deps"]  # SFT starts from the champion
+    assert "models/base" in stages["sft-1"]["deps"] and "models/base" not in stages["sft-2"]["deps"]
     assert "rl.learning_rate" in stages["rl-1"]["params"]
     assert not any(p.startswith("rl.") for s in ("synth-1", "sft-1", "validate-1") for p in stages[s].get("params", []))
     assert "apprentice/stages/rl.py" in stages["rl-1"]["deps"]
@@ -53,12 +59,16 @@ def test_evaluation_is_one_dvc_stage_per_model():
     raw = load_raw(REPO / "params.yaml")
     stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
     names = dvcgen.dvc_stages("evaluate", 1)
-    assert names == [f"evaluate-{p}-1" for p in ("base", "sft", "rl", "student")] and "evaluate-1" not in stages
+    assert names == ["evaluate-base", *(f"evaluate-{p}-1" for p in ("sft", "rl", "student"))]
+    assert "evaluate-1" not in stages
     rl = stages["evaluate-rl-1"]
     assert rl["cmd"] == "python -m apprentice evaluate --policy rl --params params.yaml --root . --iter 1"
     assert "models/iter_1/rl" in rl["deps"] and "models/iter_1/sft" not in rl["deps"]
     assert rl["outs"] == ["data/iter_1/eval/rl.parquet", "data/iter_1/eval/rl.json"]
-    assert "models/base" in stages["evaluate-base-1"]["deps"]
+    base = stages["evaluate-base"]
+    assert "models/base" in base["deps"] and base["outs"] == ["data/benchmark/eval/base.parquet",
+                                                            "data/benchmark/eval/base.json"]
+    assert base["cmd"] == "python -m apprentice evaluate --policy base --params params.yaml --root ."
     raw["model"]["base"] = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id: params only, no folder dep
-    hub = dvcgen.pipeline(raw, repo=REPO)["stages"]["evaluate-base-1"]
+    hub = dvcgen.pipeline(raw, repo=REPO)["stages"]["evaluate-base"]
     assert not any(d.startswith("models/") for d in hub["deps"]) and "model.base" in hub["params"]

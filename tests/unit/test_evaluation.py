@@ -109,3 +109,18 @@ def test_paired_test_matches_episodes():
 def test_format_table_is_readable():
     text = format_table(summarize(_frame([True, False], [0, 1], ["grid", "search"])))
     assert "success" in text and "50.0%" in text and "level 0" in text and "family search" in text
+
+
+def test_success_ratio_paired_bootstrap():
+    import pandas as pd
+
+    from apprentice.evaluation import success_ratio
+
+    ids = [f"p{i}" for i in range(40)]
+    teacher = pd.DataFrame({"problem_id": ids, "sample_idx": 0, "success": [i < 20 for i in range(40)]})
+    student = pd.DataFrame({"problem_id": ids, "sample_idx": 0, "success": [i < 16 for i in range(40)]})
+    r = success_ratio(student, teacher, n_resamples=2000)
+    assert r["ratio"] == 0.8 and r["n_pairs"] == 40
+    assert r["ci_low"] <= 0.8 <= r["ci_high"] and r["ci_high"] <= 1.0  # the student never beats it on a pair
+    same = success_ratio(teacher, teacher, n_resamples=500)
+    assert same["ci_low"] == same["ci_high"] == 1.0

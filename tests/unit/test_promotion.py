@@ -11,6 +11,7 @@ import pytest
 from apprentice.config import load_config
 from apprentice.paths import Paths
 from apprentice.stages.promote import decide
+from apprentice.stages.sft import start_record
 from apprentice.trajectories import write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,10 +43,12 @@ def store(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _iteration(root: Path, k: int, successes: list[bool], candidate: str) -> Paths:
+def _iteration(root: Path, k: int, successes: list[bool], candidate: str, base: list[bool] | None = None) -> Paths:
     paths = Paths(root, k)
     held = pd.DataFrame({"problem_id": IDS, "split": "eval"})
     write_parquet(held, paths.eval_problems)
+    if not (paths.benchmark_eval_dir / "base.parquet").exists():  # the base model, scored once
+        write_parquet(_episodes(base or [False] * 30, "base"), paths.benchmark_eval_dir / "base.parquet")
     write_parquet(_episodes(successes, candidate), paths.eval_dir / f"{candidate}.parquet")
     getattr(paths, f"{candidate}_model").mkdir(parents=True, exist_ok=True)  # referenced, never read
     return paths
@@ -58,7 +61,8 @@ def test_champion_stays_when_challenger_is_worse(store):
     cfg = load_config(REPO / "params.yaml")
     cand = cfg.promote.candidate
     first = promote.run(cfg, _iteration(store, 1, [True] * 20 + [False] * 10, cand))
-    assert first["promoted"] and first["champion_version"] == 1 and "first" in first["reason"]
+    assert first["promoted"] and first["champion_version"] == 1 and "against the base model" in first["reason"]
+    assert first["champion"]["weights_path"] == f"models/iter_1/{cand}" and first["champion"]["iteration"] == 1
 
     worse = promote.run(cfg, _iteration(store, 2, [True] * 8 + [False] * 22, cand))
     assert not worse["promoted"] and worse["version"] == 2 and worse["champion_version"] == 1
@@ -70,9 +74,36 @@ def test_champion_stays_when_challenger_is_worse(store):
     assert v2["tags"]["weights_path"] == f"models/iter_2/{cand}"  # a reference, not a copy
     record = json.loads((store / "reports/iter_2/promotion.json").read_text())
     assert record["promoted"] is False and record["champion_before"] == 1
+    # the loser is registered, but the next iteration starts from the champion (iteration 1's model)
+    assert record["champion"]["version"] == 1 and record["champion"]["weights_path"] == f"models/iter_1/{cand}"
+    assert start_record(cfg, Paths(store, 3))["path"] == str(store / f"models/iter_1/{cand}")
 
     better = promote.run(cfg, _iteration(store, 3, [True] * 30, cand))
     assert better["promoted"] and lineage.aliases(name) == {"champion": "3", "challenger": "3"}
+    assert start_record(cfg, Paths(store, 4))["path"] == str(store / f"models/iter_3/{cand}")
+
+
+def test_first_candidate_must_beat_the_base_model(store):
+    """An empty registry's incumbent is the base model: a candidate no better than it is registered as
+    challenger only, no alias says 'champion', and the next iteration starts from the base model again."""
+    from apprentice import lineage
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml").model_copy(deep=True)
+    cand = cfg.promote.candidate
+    base = [True] * 12 + [False] * 18
+    res = promote.run(cfg, _iteration(store, 1, [True] * 10 + [False] * 20, cand, base=base))
+    assert not res["promoted"] and "base model" in res["reason"] and res["champion_version"] == 0
+    assert lineage.aliases(cfg.promote.registered_model) == {"challenger": "1"}
+    assert res["champion"]["kind"] == "base"
+    start = start_record(cfg, Paths(store, 2))
+    assert start["source"] == "base" and start["version"] == 0
+
+
+def test_iteration_k_needs_the_previous_promotion_record(tmp_path):
+    cfg = load_config(REPO / "params.yaml")
+    with pytest.raises(FileNotFoundError, match="promote --iter 1"):
+        start_record(cfg, Paths(tmp_path, 2))
 
 
 def test_dead_tracking_server_fails_fast_with_a_fix(monkeypatch, tmp_path):

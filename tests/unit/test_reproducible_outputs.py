@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import time
+from pathlib import Path
 
 import pandas as pd
 
@@ -55,9 +56,9 @@ def test_two_seeded_evaluations_write_identical_outputs(tmp_path):
     for run in ("a", "b"):
         paths = Paths(tmp_path / run)
         write_parquet(problems_frame(specs, [0] * 4, split="eval"), paths.eval_problems)
-        evaluate.run(Config(), paths, policy="oracle", progress=False)
-        pq, js = paths.eval_dir / "oracle.parquet", paths.eval_dir / "oracle.json"
+        res = evaluate.run(Config(), paths, policy="oracle", progress=False)
+        pq, js = Path(res["episodes"]), Path(res["metrics"])
         assert "wall" not in js.read_text() and float(pd.read_parquet(pq)["wall_s"].sum()) == 0.0
-        assert (paths.eval_dir / "oracle.timings.json").exists()
+        assert pq.with_suffix(".timings.json").exists()
         digests.append((_md5(pq), _md5(js)))
     assert digests[0] == digests[1]

@@ -95,3 +95,26 @@ def test_feed_needs_the_probe():
     cfg = load_config(ROOT / "params.yaml", overrides=["rl.probe_samples=0", "curriculum.evolve.feed=2"])
     with pytest.raises(ValueError, match="rl.probe_samples"):
         rl_stage.select_problems(cfg, _problems(), None, None, _generations())
+
+
+def test_probe_spreads_over_the_order_and_band_problems_come_first(monkeypatch):
+    """The probe covers easy to hard (not only the easiest head of the order), and GRPO, which reads
+    the dataset in order, meets the problems the model sometimes solves before unprobed ones."""
+    problems = _problems(12)
+    probed: list[list[str]] = []
+    table = dict(zip(problems["problem_id"], [4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 0, 0], strict=True))
+
+    def probe(cfg, rows, m, t):
+        probed.append(list(rows["problem_id"]))
+        return {p: PassRate(table[p], 4) for p in rows["problem_id"]}
+
+    monkeypatch.setattr(rl_stage, "probe_pass_rates", probe)
+    cfg = load_config(ROOT / "params.yaml", overrides=["rl.probe_problems=4", "rl.probe_samples=4"])
+    kept, summary = rl_stage.select_problems(cfg, problems, None, None)
+    from apprentice.training.curriculum import order_by_difficulty
+
+    order = order_by_difficulty(problems)["problem_id"].tolist()
+    assert probed[0] == [order[0], order[4], order[7], order[11]]  # evenly spaced, first and last included
+    first = kept["problem_id"].iloc[0]
+    assert 0 < table[first] < 4 and first in probed[0]  # an informative probed problem leads
+    assert summary["probed"] == 4

@@ -1,7 +1,9 @@
-"""Stage ``synth``: disjoint, reproducible (byte-for-byte) splits; idempotent reruns; every spec
-rebuilds an episode its oracle solves."""
+"""Stages ``benchmark`` + ``synth``: a fixed benchmark, training disjoint from it *by content*,
+reproducible (byte-for-byte); idempotent reruns; every spec rebuilds an episode its oracle solves."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 import pytest
@@ -9,19 +11,25 @@ import pytest
 from apprentice.config import Config
 from apprentice.envs import FAMILIES, replay
 from apprentice.paths import Paths
-from apprentice.stages import synth
+from apprentice.envs.base import content_key
+from apprentice.stages import benchmark, synth
 from apprentice.trajectories import PROBLEM_COLUMNS, specs_of
 
 
-def _cfg(**synth_over) -> Config:
-    s = {"families": ["grid", "search"], "n_train": 12, "n_eval": 6, "levels": [0, 2], "seed": 3}
-    return Config.model_validate({"synth": {**s, **synth_over}})
+def _cfg(n_eval: int = 6, **synth_over) -> Config:
+    s = {"families": ["grid", "search"], "n_train": 12, "levels": [0, 2], "seed": 3}
+    return Config.model_validate({"synth": {**s, **synth_over}, "benchmark": {"n": n_eval}})
+
+
+def _run(cfg: Config, paths: Paths) -> dict:
+    benchmark.run(cfg, paths)
+    return synth.run(cfg, paths)
 
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     paths = Paths(tmp_path_factory.mktemp("synth_a"), 1)
-    return paths, synth.run(_cfg(), paths)
+    return paths, _run(_cfg(), paths)
 
 
 def test_writes_disjoint_train_and_eval(first_run):
@@ -33,8 +41,46 @@ def test_writes_disjoint_train_and_eval(first_run):
     assert not set(train["problem_id"]) & set(ev["problem_id"])
     assert train["problem_id"].is_unique and ev["problem_id"].is_unique
     assert summary["counts"]["train"] == {"grid": {"0": 3, "2": 3}, "search": {"0": 3, "2": 3}}
-    assert summary["counts"]["eval"] == {"grid": {"0": 2, "2": 1}, "search": {"0": 2, "2": 1}}
+    assert json.loads((paths.benchmark_dir / "benchmark.json").read_text())["counts"] == \
+        {"grid": {"0": 2, "2": 1}, "search": {"0": 2, "2": 1}}
     assert summary["skipped"] is False
+    keys = [content_key(s) for s in specs_of(pd.concat([train, ev]))]
+    assert len(set(keys)) == len(keys)  # no content duplicate within or across the two
+
+
+def test_benchmark_is_fixed_across_iterations_and_seeds(first_run, tmp_path):
+    """One benchmark for every iteration: its path has no iteration, and it ignores synth/pipeline seeds."""
+    paths, _ = first_run
+    assert Paths(paths.root, 3).eval_problems == paths.eval_problems == paths.benchmark
+    other = Paths(tmp_path, 2)
+    cfg = _cfg(seed=9).model_copy(update={"pipeline": _cfg().pipeline.model_copy(update={"seed": 5})})
+    benchmark.run(cfg, other)
+    assert other.benchmark.read_bytes() == paths.benchmark.read_bytes()
+
+
+def test_training_never_repeats_a_benchmark_problem_by_content(tmp_path, monkeypatch):
+    """A training slot whose problem has the content of a benchmark problem (same task text and oracle
+    plan, another id) is replaced: here the benchmark is made of exactly the problems the first
+    training slots would produce, under new ids."""
+    cfg = _cfg()
+    paths = Paths(tmp_path, 1)
+    jobs = synth.plan(cfg, 1, "train", 4)
+    clash = [FAMILIES[f].generate(seed, lv) for f, lv, seed in jobs]
+    monkeypatch.setattr(benchmark, "plan", lambda c: jobs)  # the benchmark = those same slots
+    benchmark.run(cfg, paths)
+    held = pd.read_parquet(paths.benchmark)
+    assert {content_key(s) for s in specs_of(held)} == {content_key(s) for s in clash}
+    monkeypatch.undo()
+    synth.run(cfg, paths)
+    train = pd.read_parquet(paths.problems)
+    assert len(train) == 12
+    assert not {content_key(s) for s in specs_of(train)} & {content_key(s) for s in clash}
+    assert not set(train["problem_id"]) & set(held["problem_id"])
+
+
+def test_synth_needs_the_benchmark(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m apprentice benchmark"):
+        synth.run(_cfg(), Paths(tmp_path, 1))
 
 
 def test_specs_rebuild_solvable_episodes_at_their_level(first_run):
@@ -52,7 +98,7 @@ def test_specs_rebuild_solvable_episodes_at_their_level(first_run):
 def test_same_config_gives_byte_identical_files(first_run, tmp_path):
     paths, _ = first_run
     other = Paths(tmp_path, 1)
-    synth.run(_cfg(), other)
+    _run(_cfg(), other)
     assert other.problems.read_bytes() == paths.problems.read_bytes()
     assert other.eval_problems.read_bytes() == paths.eval_problems.read_bytes()
 
@@ -61,16 +107,16 @@ def test_seed_and_iteration_change_the_problems(first_run, tmp_path):
     paths, _ = first_run
     ids = set(pd.read_parquet(paths.problems)["problem_id"])
     it2 = Paths(tmp_path / "b", 2)
-    synth.run(_cfg(), it2)
+    _run(_cfg(), it2)
     assert not ids & set(pd.read_parquet(it2.problems)["problem_id"])
     s4 = Paths(tmp_path / "c", 1)
-    synth.run(_cfg(seed=4), s4)
+    _run(_cfg(seed=4), s4)
     assert not ids & set(pd.read_parquet(s4.problems)["problem_id"])
 
 
 def test_rerun_is_a_no_op_until_config_or_outputs_change(tmp_path):
     paths = Paths(tmp_path, 1)
-    synth.run(_cfg(n_train=4, n_eval=2), paths)
+    _run(_cfg(n_train=4, n_eval=2), paths)
     stamp = paths.problems.stat().st_mtime_ns
     again = synth.run(_cfg(n_train=4, n_eval=2), paths)
     assert again["skipped"] is True and again["train"] == 4
@@ -79,9 +125,9 @@ def test_rerun_is_a_no_op_until_config_or_outputs_change(tmp_path):
     changed = synth.run(_cfg(n_train=6, n_eval=2), paths)  # different config -> regenerate
     assert changed["skipped"] is False and len(pd.read_parquet(paths.problems)) == 6
 
-    paths.eval_problems.write_bytes(b"corrupt")  # damaged output -> regenerate
+    paths.problems.write_bytes(b"corrupt")  # damaged output -> regenerate
     fixed = synth.run(_cfg(n_train=6, n_eval=2), paths)
-    assert fixed["skipped"] is False and len(pd.read_parquet(paths.eval_problems)) == 2
+    assert fixed["skipped"] is False and len(pd.read_parquet(paths.problems)) == 6
 
 
 def _previous_episodes(root, success_by_level: dict[int, float]) -> None:
@@ -89,7 +135,7 @@ def _previous_episodes(root, success_by_level: dict[int, float]) -> None:
     import numpy as np
 
     p1 = Paths(root, 1)
-    synth.run(_cfg(n_eval=60, levels=[0, 1, 2]), p1)
+    _run(_cfg(n_eval=60, levels=[0, 1, 2]), p1)
     ev = pd.read_parquet(p1.eval_problems)
     rng = np.random.default_rng(0)
     ev["success"] = [bool(rng.random() < success_by_level[lv]) for lv in ev["level"]]
@@ -104,7 +150,7 @@ def test_sampler_selects_training_problems_by_predicted_pass_rate(tmp_path, p_st
     p_star holds, so the target pass rate moves the level mix; the held-out split is untouched."""
     _previous_episodes(tmp_path, {0: 0.85, 1: 0.5, 2: 0.15})
     over = {"levels": [0, 1, 2], "n_train": 12, "sampler": "pass_band", "oversample": 3.0}
-    cfg = Config.model_validate({"synth": {**_cfg().synth.model_dump(), **over},
+    cfg = Config.model_validate({"synth": {**_cfg().synth.model_dump(), **over}, "benchmark": {"n": 60},
                                  "curriculum": {"p_star": p_star, "band": 0.2}})
     p2 = Paths(tmp_path, 2)
     summary = synth.run(cfg, p2)
@@ -114,13 +160,10 @@ def test_sampler_selects_training_problems_by_predicted_pass_rate(tmp_path, p_st
     counts = train["level"].value_counts()
     assert counts.get(favoured, 0) >= 9, counts.to_dict()  # unselected, a third of them would be
     assert abs(sel["predicted_pass_rate_kept"] - p_star) < 0.15 < abs(sel["predicted_pass_rate_all"] - p_star)
-    plain = Config.model_validate({"synth": {**cfg.synth.model_dump(), "sampler": "none"}})
-    p3 = Paths(tmp_path / "plain", 2)
-    synth.run(plain, p3)
-    assert pd.read_parquet(p3.eval_problems).equals(pd.read_parquet(p2.eval_problems))
+    assert sel["fitted_on"] == "rl.parquet"  # the benchmark itself is untouched by selection
 
 
 def test_sampler_without_a_previous_iteration_keeps_the_first_candidates(tmp_path):
     cfg = _cfg(sampler="dtac")
-    summary = synth.run(cfg, Paths(tmp_path, 1))
+    summary = _run(cfg, Paths(tmp_path, 1))
     assert summary["train"] == 12 and "no previous" in summary["selection"]["fallback"]

@@ -1,0 +1,97 @@
+"""Padding-free SFT (per-sequence attention, LM head on loss positions only) is the same objective as
+TRL's padded default: equal loss and equal gradients on the same batch, on a real (tiny) model."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+
+def _batch(tok, n: int = 3):
+    from apprentice.envs import FAMILIES
+    from apprentice.policies.oracle import OraclePolicy
+    from apprentice.rollout import run_episodes
+
+    specs = [FAMILIES["grid"].generate(seed, 0) for seed in range(n)]
+    trajs = run_episodes(specs, OraclePolicy(), progress=False)
+    out = []
+    for t in trajs:
+        enc = tok.apply_chat_template(t.messages, tools=t.tools, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+        ids = torch.tensor(enc["input_ids"])
+        labels = torch.where(torch.tensor(enc["assistant_masks"], dtype=torch.bool), ids, torch.tensor(-100))
+        out.append((ids, labels))
+    return out
+
+
+def _padded(items, pad_id):
+    T = max(len(i) for i, _ in items)
+    ids = torch.full((len(items), T), pad_id)
+    labels = torch.full((len(items), T), -100)
+    mask = torch.zeros((len(items), T), dtype=torch.long)
+    for r, (i, lab) in enumerate(items):
+        ids[r, : len(i)], labels[r, : len(i)], mask[r, : len(i)] = i, lab, 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def _flat(items):
+    lens = [len(i) for i, _ in items]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    return {"input_ids": torch.cat([i for i, _ in items])[None], "labels": torch.cat([lab for _, lab in items])[None],
+            "position_ids": torch.cat([torch.arange(n) for n in lens])[None], "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+            "max_length_q": max(lens), "max_length_k": max(lens)}
+
+
+def test_padding_free_compact_loss_and_grads_equal_the_padded_full_head(tiny_model_dir):
+    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.training.packing import compact_nll, use_varlen
+
+    tok = load_tokenizer(tiny_model_dir, "compact")
+    items = _batch(tok)
+    ref = load_model(tiny_model_dir, dtype="fp32")
+    padded = _padded(items, tok.pad_token_id)
+    logits = ref(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits[:, :-1]
+    target = padded["labels"][:, 1:]
+    loss_ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
+                                                 ignore_index=-100, reduction="sum")
+    loss_ref.backward()
+
+    fast = load_model(tiny_model_dir, dtype="fp32")
+    restore = use_varlen(fast)
+    assert fast.config._attn_implementation == "sdpa_varlen" and restore == "sdpa"
+    nll, stats = compact_nll(fast, _flat(items))
+    nll.backward()
+    assert int(stats["n"]) == int((target != -100).sum())
+    torch.testing.assert_close(nll, loss_ref, rtol=1e-5, atol=1e-4)
+    for (name, p), q in zip(ref.named_parameters(), fast.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    # no cu_seq_lens (generation, evaluation): plain sdpa, same logits as the reference model
+    x = padded["input_ids"][:1, : len(items[0][0])]
+    torch.testing.assert_close(fast(input_ids=x).logits, ref(input_ids=x).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_trl_sft_trainer_contract():
+    """What ApprenticeSFTTrainer relies on in the pinned TRL: compute_loss's signature, the metrics dict
+    it appends to, and padding-free collation carrying sequence boundaries."""
+    from trl import SFTTrainer
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    assert list(inspect.signature(SFTTrainer.compute_loss).parameters) == [
+        "self", "model", "inputs", "return_outputs", "num_items_in_batch"]
+    assert "self._metrics[mode]" in inspect.getsource(SFTTrainer.compute_loss)
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(
+        [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
+    assert batch["input_ids"].shape == (1, 5) and batch["cu_seq_lens_q"].tolist() == [0, 3, 5]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]] and "attention_mask" not in batch
+
+
+@pytest.mark.parametrize(("n_keep", "expected"), [(4, [0, 2, 4, 5]), (6, [0, 1, 2, 3, 4, 5])])
+def test_student_layer_rules(n_keep, expected):
+    from apprentice.training.student import block_layers, influence_layers
+
+    influence = [0.9, 0.1, 0.5, 0.05, 0.4, 0.8]
+    assert influence_layers(influence, n_keep) == expected  # first and last always kept
+    # the most similar (input, output) pair: dropping layers 2-3 changes the residual stream least
+    assert block_layers([0.0, 0.5, 0.9, 0.7, 0.1], 6, 4) == [0, 1, 4, 5]
