@@ -43,7 +43,40 @@ def _parser() -> argparse.ArgumentParser:
                    help="override one param, e.g. --set sft.max_steps=10 (repeatable)")
     p.add_argument("--policy", default=None, help="(rollout/evaluate) which model acts: oracle, base, sft, rl, student, or a path")
     p.add_argument("--out", default=None, help="(rollout/evaluate) output path override")
+    p.add_argument("--debug", action="store_true", help="on an error, print the full traceback, not one line")
     return p
+
+
+#: (exception class name or message fragment, what to do): the second half of a one-line error.
+_HINTS = (
+    ("SafetensorError", "a weights file is truncated or corrupt: rerun the stage that wrote that model folder "
+                        "(delete the folder first), or `dvc checkout` it"),
+    ("incomplete metadata", "a weights file is truncated: rerun the stage that wrote it, or `dvc checkout` it"),
+    ("couldn't connect to 'https://huggingface.co'", "the model is not on this machine and downloads are off "
+                                                     "(HF_HUB_OFFLINE=1): point the params at a local model folder "
+                                                     "or run the stage that produces it"),
+    ("ConnectError", "the endpoint is not reachable: start the server or fix its base_url in the params"),
+    ("ConnectTimeout", "the endpoint did not answer: check that the server is up and its base_url"),
+    ("HTTPStatusError", "the endpoint refused the request: check the model name, the API key variable and the URL"),
+    ("APIConnectionError", "the endpoint is not reachable: start the server or fix rollout.teacher.base_url"),
+    ("APIStatusError", "the endpoint refused the request: check rollout.teacher.model and the API key variable"),
+    ("PermissionError", "a path is not writable: fix its permissions or choose another --root/--out"),
+)
+
+
+def describe(exc: BaseException) -> str:
+    """One line: what failed (exception and its message, first lines only) and, when known, the fix."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 5:
+        chain.append(chain[-1].__cause__)
+    if type(exc).__module__.startswith("apprentice") or type(exc) in (ValueError, FileNotFoundError):
+        return str(exc)  # ours: written to name the key/file and the fix (a gate failure lists its checks)
+    text = " ".join(str(exc).split())
+    if len(text) > 400:
+        text = text[:400] + " ..."
+    names = " ".join(f"{type(e).__name__} {e}" for e in chain)
+    hint = next((fix for key, fix in _HINTS if key in names), "")
+    return f"{type(exc).__name__}: {text}" + (f" -> {hint}" if hint else "") + " (rerun with --debug for the traceback)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         result = module.run(cfg, paths, **extra)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error in stage {args.stage}: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - one clear line for an operator; --debug shows the traceback
+        if args.debug:
+            raise
+        print(f"error in stage {args.stage}: {describe(e)}", file=sys.stderr)
         return 1
     if result is not None:
         print(json.dumps(result, indent=2, default=str))

@@ -111,6 +111,9 @@ class RolloutConfig(Section):
     teacher: PolicyConfig = PolicyConfig()
     samples_per_problem: int = Field(1, ge=1)
     max_turns: int = Field(0, ge=0, description="Hard cap on turns (0 = each problem's own budget).")
+    shard_size: int = Field(64, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards only.")
+    error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
+                                "(recorded as failed with their error) before the stage fails.")
 
 
 class ValidateConfig(Section):
@@ -228,6 +231,18 @@ class EvaluateConfig(Section):
     max_format_errors: int = Field(
         2, ge=0, description="End an episode after this many consecutive unparseable turns (0 = never); "
         "also used by the RL probe.")
+    shard_size: int = Field(64, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards only.")
+    error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
+                                "(recorded as failed with their error) before the stage fails.")
+
+    @model_validator(mode="after")
+    def _pass_k_fits_samples(self) -> EvaluateConfig:
+        too_big = [k for k in self.pass_k if k > self.samples_per_problem]
+        if too_big:
+            raise ValueError(
+                f"pass@{too_big[0]} needs at least {too_big[0]} samples per problem but evaluate.samples_per_problem="
+                f"{self.samples_per_problem}; raise evaluate.samples_per_problem or drop {too_big} from evaluate.pass_k")
+        return self
 
 
 class PromoteConfig(Section):
@@ -362,12 +377,48 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last silently,
+    so a second ``sft:`` section used to replace the first without a word)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"{getattr(loader, 'source', '<params>')}:{key_node.start_mark.line + 1}: key '{key}' "
+                              f"appears twice in the same mapping (first on line {seen[key]}); merge the two into one")
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a params/profile file strictly: a syntax error or a duplicate key is one :class:`ConfigError`
+    naming the file and line (not a PyYAML traceback)."""
+    path = Path(path)
+    loader = _StrictLoader(path.read_text())
+    loader.source = str(path)  # type: ignore[attr-defined]
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML ({what}); fix the file (indentation, a missing ':' or quote)") from None
+    finally:
+        loader.dispose()
+
+
 def load_raw(path: str | Path = "params.yaml", profile: str | None = None,
              overrides: list[str] | None = None) -> dict[str, Any]:
     path = Path(path)
     raw: dict[str, Any] = {}
     if path.exists():
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path) or {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
     elif str(path) != "params.yaml":
@@ -377,7 +428,7 @@ def load_raw(path: str | Path = "params.yaml", profile: str | None = None,
         if not pfile.exists():
             known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
             raise ConfigError(f"unknown profile '{profile}'; choose from {['default', *known]}")
-        raw = _deep_merge(raw, yaml.safe_load(pfile.read_text()) or {})
+        raw = _deep_merge(raw, read_yaml(pfile) or {})
         raw.setdefault("pipeline", {})["profile"] = profile
     for item in overrides or []:
         _apply_override(raw, item)

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from apprentice.config import ConfigError, load_raw
+from apprentice.config import ConfigError, load_raw, read_yaml
 from apprentice.stages.evaluate_all import POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,7 +270,7 @@ def write(profile: str = "default", repo: Path = REPO, check: bool = False) -> P
         if not pfile.exists():
             known = sorted(p.stem for p in pfile.parent.glob("*.yaml"))
             raise ConfigError(f"unknown profile '{profile}'; choose from {['default', *known]}")
-        raw = _merge(raw, yaml.safe_load(pfile.read_text()) or {})
+        raw = _merge(raw, read_yaml(pfile) or {})
         raw.setdefault("pipeline", {})["profile"] = profile
     files: dict[Path, str] = {}
     if wd != repo:

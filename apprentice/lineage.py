@@ -86,14 +86,40 @@ def configure(tracking_uri: str, experiment: str, root: str | os.PathLike[str]) 
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
-        if mlflow.get_experiment_by_name(experiment) is None:
-            art = Path(root).resolve() / "mlartifacts"
-            mlflow.create_experiment(experiment, artifact_location=art.as_uri())
+        with _store_init_lock(uri):
+            if mlflow.get_experiment_by_name(experiment) is None:
+                art = Path(root).resolve() / "mlartifacts"
+                mlflow.create_experiment(experiment, artifact_location=art.as_uri())
     except mlflow.exceptions.MlflowException as e:
         raise LineageError(f"cannot use MLflow store {uri}: {e}") from None
     mlflow.set_experiment(experiment)
     os.environ["MLFLOW_TRACKING_URI"] = uri  # stage subprocesses inherit the resolved store
     return uri
+
+
+@contextlib.contextmanager
+def _store_init_lock(uri: str) -> Iterator[None]:
+    """Serialise the first use of a sqlite store across processes.
+
+    Opening a fresh sqlite store runs MLflow's alembic migrations; two processes doing it at once
+    (two flows, or a flow and ``dvc repro`` started together) crash one of them with "Online
+    migration expected to match one row ... 0 found", and both may try to create the experiment.
+    An exclusive ``flock`` on ``<db>.init.lock`` makes the second wait until the first is done; the
+    kernel drops the lock when a holder dies, so a killed process never blocks the next one.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield  # a tracking server serialises its own store
+        return
+    import fcntl
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".init.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def git_commit(repo: str | os.PathLike[str]) -> str:
@@ -109,21 +135,74 @@ def git_commit(repo: str | os.PathLike[str]) -> str:
 
 # ---- runs --------------------------------------------------------------------------------------
 
+TAG_PID, TAG_HOST = "apprentice.pid", "apprentice.host"
+TAG_KILLED = "apprentice.killed_reason"
+
+
+def _owner_tags() -> dict[str, str]:
+    """Who owns a run: the flow process (pid + host), so a later run can tell a live run from a dead one."""
+    import socket
+
+    return {TAG_PID: str(os.getpid()), TAG_HOST: socket.gethostname()}
+
+
+def _process_gone(tags: Mapping[str, str]) -> bool:
+    """True when the run's owner process is known to be dead (or unknown: runs from before the tag)."""
+    import socket
+
+    pid, host = tags.get(TAG_PID), tags.get(TAG_HOST)
+    if not pid or not pid.isdigit():
+        return True
+    if host and host != socket.gethostname():
+        return False  # another machine's run: we cannot tell, so leave it alone
+    if int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def close_stale_runs(iteration: int, profile: str) -> int:
-    """Mark runs of an interrupted earlier attempt of this iteration KILLED; returns how many."""
-    runs = MlflowClient().search_runs(
-        [str(mlflow.tracking.fluent._get_experiment_id())],
-        f"tags.`{TAG_ITER}` = '{iteration}' and tags.`{TAG_PROFILE}` = '{profile}' and attributes.status = 'RUNNING'")
+    """Mark runs of an interrupted earlier attempt of this iteration KILLED; returns how many.
+
+    Only runs whose owner process is gone are touched (a live flow's runs are not), and each gets
+    the reason (:data:`TAG_KILLED`) and, as its end time, the last moment it is known to have been
+    alive (its newest child run's start/end or its own start), not the time of this cleanup.
+    """
+    client = MlflowClient()
+    exp = [str(mlflow.tracking.fluent._get_experiment_id())]
+    runs = client.search_runs(
+        exp, f"tags.`{TAG_ITER}` = '{iteration}' and tags.`{TAG_PROFILE}` = '{profile}' and attributes.status = 'RUNNING'")
+    closed = 0
     for r in runs:
-        MlflowClient().set_terminated(r.info.run_id, status="KILLED")
-    return len(runs)
+        parent_id = r.data.tags.get("mlflow.parentRunId")
+        owner = r if parent_id is None else next((p for p in runs if p.info.run_id == parent_id), None)
+        owner_tags = (owner or r).data.tags
+        if owner is None and parent_id:  # the parent is already closed: look at its tags
+            with contextlib.suppress(mlflow.exceptions.MlflowException):
+                owner_tags = client.get_run(parent_id).data.tags
+        if not _process_gone(owner_tags):
+            continue
+        children = client.search_runs(exp, f"tags.`mlflow.parentRunId` = '{r.info.run_id}'")
+        seen = [r.info.start_time] + [c.info.end_time or c.info.start_time for c in children]
+        last_alive = max(t for t in seen if t)
+        client.set_tag(r.info.run_id, TAG_KILLED,
+                       f"process {owner_tags.get(TAG_PID, '?')} on {owner_tags.get(TAG_HOST, '?')} ended without "
+                       f"closing this run (found by a later run, pid {os.getpid()}); end time = last sign of life")
+        client.set_terminated(r.info.run_id, status="KILLED", end_time=last_alive)
+        closed += 1
+    return closed
 
 
 @contextlib.contextmanager
 def iteration_run(iteration: int, profile: str, repo: Path, params_file: Path) -> Iterator[str]:
     """The parent run of one iteration; yields its id. Fails the run if the block raises."""
     close_stale_runs(iteration, profile)
-    tags = {TAG_ITER: str(iteration), TAG_PROFILE: profile, "git.commit": git_commit(repo),
+    tags = {TAG_ITER: str(iteration), TAG_PROFILE: profile, "git.commit": git_commit(repo), **_owner_tags(),
             "mlflow.source.git.commit": git_commit(repo).removesuffix("-dirty")}
     with mlflow.start_run(run_name=f"iter-{iteration}", tags=tags) as run:
         mlflow.log_artifact(str(params_file), artifact_path="params")
@@ -137,7 +216,7 @@ def stage_run(parent_id: str, stage: str, iteration: int, profile: str) -> Itera
     parent = client.get_run(parent_id)
     run = client.create_run(parent.info.experiment_id, run_name=stage,
                             tags={"mlflow.parentRunId": parent_id, TAG_ITER: str(iteration),
-                                  TAG_PROFILE: profile, "dvc.stage": stage})
+                                  TAG_PROFILE: profile, "dvc.stage": stage, **_owner_tags()})
     try:
         yield run.info.run_id
     except BaseException:
@@ -340,8 +419,31 @@ def _active(run_id: str) -> Iterator[None]:
     if active is not None and active.info.run_id == run_id:
         yield
         return
+    before = MlflowClient().get_run(run_id).info.status
     with mlflow.start_run(run_id=run_id, nested=active is not None):
         yield
+    if before == "RUNNING":
+        # Leaving ``start_run`` ends the run as FINISHED, but this run belongs to its owner (the flow's
+        # stage run, handed over in MLFLOW_RUN_ID): it ends with what really happens to the stage.
+        MlflowClient().update_run(run_id, status="RUNNING")
+
+
+def find_version(model_name: str, weights_path: str, digest: str) -> dict[str, Any] | None:
+    """The registered version of these weights (same path and content digest), or None.
+
+    Makes registering idempotent: a promote killed after its registry write finds its version (and
+    the decision recorded on it) on the rerun instead of registering the same weights again.
+    """
+    client = MlflowClient()
+    try:
+        versions = client.search_model_versions(f"name='{model_name}'")
+    except mlflow.exceptions.MlflowException:
+        return None
+    for mv in sorted(versions, key=lambda v: int(v.version)):
+        tags = dict(mv.tags)
+        if tags.get("weights_path") == weights_path and tags.get("weights_digest") == digest:
+            return {"version": str(mv.version), "run_id": mv.run_id, "tags": tags}
+    return None
 
 
 def alias_version(model_name: str, alias: str) -> dict[str, Any] | None:

@@ -38,7 +38,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from prefect import flow  # noqa: E402
 
-from apprentice import dvcgen, lineage  # noqa: E402
+from apprentice import dvcgen, lineage, runlock  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
 from tasks._dvc import StageContext  # noqa: E402
 from tasks.benchmark import benchmark  # noqa: E402
@@ -63,6 +63,11 @@ assert list(TASKS) == dvcgen.ITERATION_STAGES, "flow and dvc.yaml must list the 
 def self_improve(profile: str = "default", repo: str | None = None) -> dict:
     """Run every iteration of ``profile`` through DVC, with lineage in MLflow; returns a summary."""
     root = Path(repo).resolve() if repo else REPO
+    with runlock.hold(dvcgen.workdir(profile, root), profile):  # a second flow here exits at once
+        return _run(profile, root)
+
+
+def _run(profile: str, root: Path) -> dict:
     os.environ["APPRENTICE_FLOW_RUN"] = flow_run = uuid.uuid4().hex  # tags this run's lines in resources.jsonl
     t_flow = time.perf_counter()
     wd = dvcgen.write(profile, root)
@@ -167,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flows.self_improve", description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="default", help="params profile: default or one in apprentice/profiles/")
     args = p.parse_args(argv)
+    try:  # before Prefect starts its server: a second run leaves at once (the flow takes the lock itself)
+        with runlock.hold(dvcgen.workdir(args.profile, REPO), args.profile):
+            pass
+    except runlock.RunInProgress as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     try:
         self_improve(profile=args.profile)
     except Exception as e:  # the stage output above already shows the details

@@ -123,6 +123,7 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
             if stage in _TAG_KEYS:
                 lineage.set_tags(run_id, _flat_strings(f, _TAG_KEYS[stage]))
         step_files = [wd / _STEP_METRICS[stage].format(**fmt)] if stage in _STEP_METRICS else []
+        step_files += [f.parent.parent / ".timings" / f"{f.parent.name}.jsonl" for f in step_files]  # wall clock
         logged = lineage.log_stage(run_id, dvcgen.dvc_stages(stage, k), wd, executed, params, step_files, result)
     return {"stage": name, "executed": executed, "run_id": run_id, "wall_s": round(time.monotonic() - t0, 1), **logged,
             "result": result}

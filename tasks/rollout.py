@@ -1,7 +1,7 @@
 """Prefect task for the ``teacher-rollout`` stage (see :mod:`tasks._dvc`).
 
 Retried: episodes against a remote teacher endpoint fail transiently (timeouts, 5xx); the stage
-resumes from its own fingerprinted output, so a retry costs only what was not written."""
+resumes from the shards it flushed (``apprentice.shards``), so a retry runs only the unfinished episodes."""
 
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
         save_model(student_model, tok, paths.student_model)
         (paths.student_model / "student.json").write_text(json.dumps(info, indent=2))
         if metrics.exists():
-            shutil.copy(metrics, paths.student_model / common.METRICS_FILE)
+            common.split_timings(metrics, paths.student_model / common.METRICS_FILE,
+                                 common.timings_path(paths.student_model))
         (paths.student_model / common.STAMP_FILE).write_text(json.dumps(stamp))
         shutil.rmtree(work, ignore_errors=True)
         result.update(model=str(paths.student_model), steps=0)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from apprentice import shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import format_table, summarize
 from apprentice.paths import Paths, atomic_path
@@ -31,7 +32,7 @@ from apprentice.stages.rollout import (
     fingerprint,
     resolve_policy,
 )
-from apprentice.trajectories import read_parquet, trajectories_frame, write_parquet
+from apprentice.trajectories import read_parquet, write_parquet
 
 
 def newest_model(paths: Paths) -> str:
@@ -60,17 +61,25 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     df = existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
     skipped = df is not None
     if df is None:
+        shards.check_writable(out_dir)  # before any episode runs
         pol = build_policy(pol_cfg, cfg, paths)
-        trajs = run_episodes(problems, pol, samples_per_problem=ec.samples_per_problem,
-                             batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=cfg.pipeline.seed,
-                             policy_id=name, max_format_errors=ec.max_format_errors)
-        df = trajectories_frame(trajs)
+
+        def chunk(rows: Any, seed: int) -> list[Any]:
+            return run_episodes(rows, pol, samples_per_problem=ec.samples_per_problem,
+                                batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed,
+                                policy_id=name, max_format_errors=ec.max_format_errors)
+
+        df, _ = shards.run_sharded(problems, chunk, pq, fp, samples=ec.samples_per_problem, policy_id=name,
+                                   shard_size=ec.shard_size, error_budget=ec.error_budget, seed=cfg.pipeline.seed)
         df.attrs[FINGERPRINT_KEY] = fp
-        write_parquet(df, pq)
+        write_parquet(shards.without_wall_clock(df), pq)
+        shards.write_timings(pq, df)
+        shards.clear(pq, fp, ec.shard_size)
 
     metrics = summarize(df, ec.pass_k)
     with atomic_path(js) as tmp:
-        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        # a DVC metrics output: no wall-clock numbers (they are in <name>.timings.json)
+        tmp.write_text(json.dumps({k: v for k, v in metrics.items() if "wall" not in k}, indent=2, sort_keys=True) + "\n")
     print(format_table(metrics, title=f"evaluate {name} on the benchmark ({len(problems)} problems, iteration {paths.iteration})"))
     return {"policy": name, "metrics": str(js), "episodes": str(pq), "skipped": skipped,
             "success_rate": metrics["success_rate"],

@@ -104,6 +104,52 @@ def champion_path(entry: dict[str, Any], root: Path) -> Path:
     return p if p.is_absolute() else Path(entry.get("root") or root) / p
 
 
+def check_coverage(df: pd.DataFrame, problem_ids: list[str], name: str, policy: str = "") -> None:
+    """Refuse a table that misses problems of the set it is compared on.
+
+    A challenger evaluated on 8 of 40 problems (all solved) must not beat a champion on those 8 alone:
+    the paired test only sees the pairs both tables have, so each table must cover every problem.
+    """
+    have = set(df["problem_id"].astype(str))
+    missing = sorted(set(problem_ids) - have)
+    if missing:
+        fix = f"`python -m apprentice evaluate --policy {policy}`" if policy else "its evaluation"
+        raise ValueError(
+            f"{name} covers {len(problem_ids) - len(missing)} of the {len(problem_ids)} problems promotion compares on "
+            f"(missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); promotion needs complete tables: "
+            f"rerun {fix} on the full problem set")
+
+
+def check_same_pairs(challenger: pd.DataFrame, champion: pd.DataFrame, problem_ids: list[str]) -> None:
+    """Both tables hold the same (problem, sample) pairs of ``problem_ids``: the test is like for like."""
+    def pairs(df: pd.DataFrame) -> set[tuple[str, int]]:
+        cols = df[df["problem_id"].astype(str).isin(problem_ids)]
+        return set(zip(cols["problem_id"].astype(str), cols.get("sample_idx", pd.Series(0, index=cols.index)),
+                       strict=True))
+    a, b = pairs(challenger), pairs(champion)
+    if a != b:
+        raise ValueError(f"challenger and champion tables differ in {len(a ^ b)} (problem, sample) pairs "
+                         f"(e.g. {sorted(a ^ b)[:3]}); evaluate both with the same evaluate.samples_per_problem")
+
+
+def weights_digest(weights: Path, dvc_md5: str) -> str:
+    """What identifies the registered weights: DVC's md5 when the stage ran under DVC, else a content hash."""
+    if dvc_md5:
+        return f"md5:{dvc_md5}"
+    from apprentice.stages.rollout import model_fingerprint
+
+    return "sha256:" + model_fingerprint(str(weights)) if Path(weights).is_dir() else "missing"
+
+
+def _recorded(prior: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The decision a killed earlier attempt recorded on its registered version (rerun = same decision)."""
+    if not prior or "promotion" not in prior["tags"]:
+        return None
+    tags = prior["tags"]
+    stats = json.loads(tags.get("promotion_stats") or "{}")
+    return {"promote": tags["promotion"] == "promoted", "reason": tags.get("promotion_reason", ""), **stats}
+
+
 def _gate(df: pd.DataFrame, eval_ids: list[str], name: str) -> None:
     res = gates.check(df, "eval_results", {"eval_problem_ids": eval_ids}, table=name)
     gates.raise_if_failed([res])
@@ -137,28 +183,46 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     table = paths.eval_dir / f"{cand}.parquet"
     challenger = read_parquet(table)
     eval_ids = sorted(read_parquet(paths.eval_problems)["problem_id"].astype(str).unique())
+    check_coverage(challenger, eval_ids, f"challenger table {table}", cand)
     _gate(challenger, eval_ids, str(table))
 
     lineage.configure(cfg.lineage.tracking_uri, cfg.lineage.experiment, paths.root)
     name = pc.registered_model
-    champ = lineage.alias_version(name, lineage.CHAMPION)
-    champ_df = _champion_results(champ, challenger, cfg, paths) if champ else _base_results(paths)
-    if champ_df is not None:
-        _gate(champ_df, eval_ids, "champion episodes" if champ else "base-model episodes")
-    decision = decide(challenger, champ_df, pc.alpha, champ is not None)
-
     weights = getattr(paths, _MODEL_DIR[cand])
     rel = str(weights.relative_to(paths.root))
     lock = lineage.dvc_lock_entry(paths.root, f"{_PRODUCER[cand]}-{paths.iteration}")
     md5 = next((o.get("md5", "") for o in lock.get("outs", []) if o["path"] == rel), "")
+    digest = weights_digest(weights, md5)
+    prior = lineage.find_version(name, rel, digest)  # these weights registered by an earlier attempt
+    recorded = _recorded(prior)
+    if recorded and prior is not None:  # a rerun: repeat the decision recorded with the version
+        decision = recorded
+        before = prior["tags"].get("champion_before", "none")
+        champ = (lineage.alias_version(name, lineage.CHAMPION) if not decision["promote"]
+                 else None if before == "none" else {"version": before, "tags": {}})
+    else:
+        champ = lineage.alias_version(name, lineage.CHAMPION)
+        champ_df = _champion_results(champ, challenger, cfg, paths) if champ else _base_results(paths)
+        if champ_df is not None:
+            incumbent = f"champion v{champ['version']} episodes" if champ else "base-model episodes"
+            check_coverage(champ_df, eval_ids, incumbent, "" if champ else "base")
+            _gate(champ_df, eval_ids, incumbent)
+            check_same_pairs(challenger, champ_df, eval_ids)
+        decision = decide(challenger, champ_df, pc.alpha, champ is not None)
+
     git = lineage.git_commit(paths.root)
     success = float(challenger["success"].mean())
+    stats = {k: v for k, v in decision.items() if k not in ("promote", "reason")}
     with lineage.attach_or_start(f"promote-{paths.iteration}",
                                  {lineage.TAG_ITER: str(paths.iteration)}) as run_id:
-        version = lineage.register_reference(
+        # the decision is recorded with the version in one write, so a rerun after a kill repeats it
+        version = prior["version"] if prior else lineage.register_reference(
             run_id, name, rel, paths.root, md5, git,
             {lineage.TAG_ITER: paths.iteration, lineage.TAG_KIND: cand, "root": str(paths.root),
-             "success_rate": success, "eval_table": str(table)})
+             "success_rate": success, "eval_table": str(table), "weights_digest": digest,
+             "promotion": "promoted" if decision["promote"] else "kept", "promotion_reason": decision["reason"],
+             "promotion_stats": json.dumps(stats, default=str),
+             "champion_before": champ["version"] if champ else "none"})
         lineage.set_alias(name, lineage.CHALLENGER, version)
         if decision["promote"]:
             lineage.set_alias(name, lineage.CHAMPION, version)

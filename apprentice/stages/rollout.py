@@ -20,12 +20,13 @@ from typing import Any
 
 import pandas as pd
 
+from apprentice import shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import summarize
 from apprentice.paths import Paths
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
 from apprentice.rollout import run_episodes
-from apprentice.trajectories import read_parquet, trajectories_frame, write_parquet
+from apprentice.trajectories import read_parquet, write_parquet
 
 MODEL_CHOICES = ("base", "sft", "rl", "student")
 FINGERPRINT_KEY = "apprentice_fingerprint"
@@ -56,6 +57,10 @@ def resolve_policy(choice: str | None, default: PolicyConfig, cfg: Config, paths
         return "oracle", default.model_copy(update={"kind": "oracle"})
     kind = "openai" if default.kind == "openai" and choice not in MODEL_CHOICES and not Path(choice).exists() else "hf"
     model = model_dir(choice, cfg, paths) if kind == "hf" else choice
+    if kind == "hf" and choice == "base":  # a missing local base would surface as a hub connection error
+        from apprentice.training.common import require_model
+
+        require_model(model)
     name = choice if choice in MODEL_CHOICES else _short(choice)
     return name, default.model_copy(update={"kind": kind, "model": model})
 
@@ -139,12 +144,19 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     df = existing_if_complete(target, fp, n_rows)
     skipped = df is not None
     if df is None:
+        shards.check_writable(target.parent)  # before any episode runs
         pol = build_policy(pol_cfg, cfg, paths)
-        trajs = run_episodes(problems, pol, samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
-                             batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=cfg.pipeline.seed)
-        df = trajectories_frame(trajs)
+
+        def chunk(rows: pd.DataFrame, seed: int) -> list[Any]:
+            return run_episodes(rows, pol, samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
+                                batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed)
+
+        df, _ = shards.run_sharded(problems, chunk, target, fp, samples=rc.samples_per_problem, policy_id=name,
+                                   shard_size=rc.shard_size, error_budget=rc.error_budget, seed=cfg.pipeline.seed)
         df.attrs[FINGERPRINT_KEY] = fp
-        write_parquet(df, target)
+        write_parquet(shards.without_wall_clock(df), target)
+        shards.write_timings(target, df)
+        shards.clear(target, fp, rc.shard_size)
     m = summarize(df)
     return {"out": str(target), "policy": name, "skipped": skipped, "episodes": len(df),
             "success_rate": m["success_rate"], "success_ci": [m["success_ci_low"], m["success_ci_high"]],

@@ -40,6 +40,8 @@ DEEPSPEED_DIR = Path(__file__).resolve().parent.parent / "deepspeed"
 
 # TRL log keys -> the pipeline's names (the raw keys are kept as well).
 _KEY_ALIASES = {"reward": "reward", "kl": "kl", "loss": "loss", "learning_rate": "learning_rate"}
+#: Counters TRL keeps in the trainer object (not in the checkpoint): they restart at 0 on a resume.
+CUMULATIVE_KEYS = ("num_tokens",)
 
 
 # ---- device ---------------------------------------------------------------------------------------
@@ -162,55 +164,161 @@ class MetricsCallback(TrainerCallback):
     """Append one JSON line per logging step: step, time, loss, reward, kl, learning_rate + TRL's keys.
 
     The file is appended to, so a resumed run continues the same log (its steps continue from the
-    checkpoint's step, which the resume test checks).
+    checkpoint's step, which the resume test checks). The trainer restarts its own counters on a
+    resume (TRL's ``num_tokens``, the elapsed time, the loss sum behind the final ``train_loss``);
+    this callback continues them from the rows already in the file (``trim_metrics`` has cut those
+    to the checkpoint's step), so a resumed run logs the same numbers as an uninterrupted one.
     """
 
     def __init__(self, path: Path, stage: str) -> None:
         self.path = Path(path)
         self.stage = stage
         self.t0 = time.time()
+        before = [r for r in read_metrics(self.path) if r.get("stage") == stage]
+        last = before[-1] if before else {}
+        self.time_offset = float(last.get("time", 0.0))
+        self.counter_offsets = {k: float(last[k]) for k in CUMULATIVE_KEYS if k in last}
+        self.loss_sum, self.loss_steps = 0.0, 0
+        for r in before:
+            if "loss" in r:
+                self.loss_sum += r["loss"]
+                self.loss_steps += 1
+
+    @property
+    def train_loss(self) -> float | None:
+        """Mean per-step loss over the whole run (both sides of any resume): what HF's ``train_loss`` is
+        for an uninterrupted run (it sums the same per-step losses in the same order)."""
+        return self.loss_sum / self.loss_steps if self.loss_steps else None
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001 (TRL signature)
         if not logs or not state.is_world_process_zero:
             return
         row: dict[str, Any] = {"stage": self.stage, "step": int(state.global_step),
-                               "time": round(time.time() - self.t0, 3)}
+                               "time": round(self.time_offset + time.time() - self.t0, 3)}
         for k, v in logs.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 row[k] = float(v)
+        for k, off in self.counter_offsets.items():
+            if k in row:
+                row[k] += off
+        if "loss" in logs:
+            self.loss_sum += logs["loss"]
+            self.loss_steps += 1
+        if "train_loss" in row and self.train_loss is not None:
+            row["train_loss"] = self.train_loss
         for k, alias in _KEY_ALIASES.items():
             if k in row:
                 row[alias] = row[k]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+            f.flush()
+
+
+def summary_train_loss(metrics: Path, stage: str, fallback: float) -> float:
+    """The run's ``train_loss`` from its metrics file (correct across resumes; see MetricsCallback)."""
+    rows = [r for r in read_metrics(metrics) if r.get("stage") == stage and "train_loss" in r]
+    return float(rows[-1]["train_loss"]) if rows else float(fallback)
 
 
 def trim_metrics(path: Path, stage: str, upto_step: int) -> None:
     """Drop ``stage``'s rows logged after ``upto_step``: a run that died after its last checkpoint
-    logged steps the resumed (or restarted, ``upto_step=0``) run will log again."""
+    logged steps the resumed (or restarted, ``upto_step=0``) run will log again. Also drops a line
+    a kill cut in half."""
+    path = Path(path)
+    if not path.exists():
+        return
     rows = read_metrics(path)
     keep = [r for r in rows if r.get("stage") != stage or r.get("step", 0) <= upto_step]
-    if len(keep) != len(rows):
-        Path(path).write_text("".join(json.dumps(r) + "\n" for r in keep))
+    text = "".join(json.dumps(r) + "\n" for r in keep)
+    if text != path.read_text():
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics JSONL file; a line cut short by a kill is skipped."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
 
 
 # ---- resume / finalize ----------------------------------------------------------------------------
 def last_checkpoint(work_dir: Path) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``work_dir`` (what ``trainer.train(resume_from_checkpoint=)`` takes)."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """The newest *complete* ``checkpoint-N`` in ``work_dir`` (what ``trainer.train(resume_from_checkpoint=)`` takes).
+
+    A kill or a full disk during a save leaves ``checkpoint-N`` half written (a 0-byte
+    ``optimizer.pt``, no ``trainer_state.json``) and HF's own ``get_last_checkpoint`` would return it
+    forever. Each candidate is checked (:func:`checkpoint_problem`), newest first; a broken one is moved
+    aside to ``work_dir/broken/`` with a warning, so the last complete checkpoint wins.
+    """
+    import re
+    import warnings
 
     work_dir = Path(work_dir)
     if not work_dir.is_dir():
         return None
-    return get_last_checkpoint(str(work_dir))
+    found = [(int(m.group(1)), d) for d in work_dir.iterdir()
+             if d.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", d.name))]
+    for _, ckpt in sorted(found, reverse=True):
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            return str(ckpt)
+        aside = work_dir / "broken" / f"{ckpt.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        aside.parent.mkdir(exist_ok=True)
+        ckpt.rename(aside)
+        warnings.warn(f"checkpoint {ckpt} is incomplete ({problem}); moved it to {aside} and resuming from "
+                      "the previous complete checkpoint (or from the start)", stacklevel=2)
+    return None
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """Why ``ckpt`` cannot be resumed from, or None when it is complete.
+
+    HF's Trainer writes the weights, optimizer, scheduler and RNG state first and ``trainer_state.json``
+    last, so a complete checkpoint has a state file that parses and names its own step, and every
+    tensor file in it is whole: ``*.safetensors`` have a readable header and ``*.pt``/``*.pth`` (zip
+    archives written by ``torch.save``) a readable central directory, which sits at the end of the
+    file and so is missing from any truncated one. Cheap: nothing is loaded.
+    """
+    import zipfile
+
+    ckpt = Path(ckpt)
+    state = ckpt / "trainer_state.json"
+    try:
+        step = json.loads(state.read_text()).get("global_step")
+    except (OSError, json.JSONDecodeError) as e:
+        return f"{state.name} missing or unreadable: {e.__class__.__name__}"
+    if step != checkpoint_step(str(ckpt)):
+        return f"{state.name} says global_step={step}"
+    tensors = [f for f in ckpt.rglob("*") if f.is_file() and f.suffix in (".safetensors", ".pt", ".pth", ".bin")]
+    if not any(f.suffix in (".safetensors", ".bin") or f.parent.name.startswith("global_step") for f in tensors):
+        return "no model weights"  # (DeepSpeed keeps its shards in global_stepN/)
+    for f in tensors:
+        if f.stat().st_size == 0:
+            return f"{f.name} is empty"
+        try:
+            if f.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(str(f), framework="pt") as sf:
+                    sf.keys()
+            elif zipfile.is_zipfile(f):
+                with zipfile.ZipFile(f) as z:
+                    z.infolist()
+            else:
+                return f"{f.name} is truncated or not a torch.save archive"
+        except Exception as e:  # noqa: BLE001 - any reader error means "not whole"
+            return f"{f.name} is unreadable ({e.__class__.__name__}: {e})"
+    return None
 
 
 def checkpoint_step(ckpt: str | None) -> int:
@@ -240,7 +348,7 @@ def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, s
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if metrics is not None and Path(metrics).exists():
-            shutil.copy(metrics, tmp / METRICS_FILE)
+            split_timings(Path(metrics), tmp / METRICS_FILE, timings_path(final_dir))
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True))
@@ -251,15 +359,49 @@ def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, s
     return final_dir
 
 
+def _file_digest(f: Path) -> str:
+    h = hashlib.sha256()
+    with f.open("rb") as fh:
+        while block := fh.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+#: Wall-clock fields of the per-step rows: kept out of the model folder (a DVC output) so that two
+#: seeded runs write identical bytes; they go to :func:`timings_path` (not an output), and to MLflow.
+WALL_CLOCK_KEYS = ("time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def timings_path(final_dir: Path) -> Path:
+    """Where a stage's wall-clock rows live: ``models/iter_k/.timings/<name>.jsonl``, beside (not inside) the output."""
+    final_dir = Path(final_dir)
+    return final_dir.parent / ".timings" / f"{final_dir.name}.jsonl"
+
+
+def split_timings(src: Path, metrics_out: Path, timings_out: Path) -> None:
+    """Copy ``src``'s rows to ``metrics_out`` without wall-clock fields, and those fields (with stage and
+    step) to ``timings_out``."""
+    rows = read_metrics(src)
+    metrics_out.write_text("".join(json.dumps({k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS}) + "\n"
+                                   for r in rows))
+    timed = [{"stage": r.get("stage"), "step": r.get("step"), **{k: r[k] for k in WALL_CLOCK_KEYS if k in r}}
+             for r in rows if any(k in r for k in WALL_CLOCK_KEYS)]
+    timings_out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(timings_out) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in timed))
+
+
 def fingerprint(params: Any, inputs: Iterable[Path]) -> dict[str, Any]:
-    """What a stage's output depends on: its params and (size, mtime) of each input file/model folder."""
+    """What a stage's output depends on: its params and the content (size, sha256) of each input
+    file/model folder. Content, not mtime: the stamp is part of a DVC-tracked output, so two clean
+    runs with the same inputs must write the same bytes (a few seconds of hashing per model folder)."""
     def describe(p: Path) -> list[Any]:
         p = Path(p)
         if p.is_dir():
             files = sorted(f for f in p.rglob("*") if f.is_file() and f.name not in (METRICS_FILE,))
-            return [[str(f.relative_to(p)), f.stat().st_size, int(f.stat().st_mtime)] for f in files]
+            return [[str(f.relative_to(p)), f.stat().st_size, _file_digest(f)] for f in files]
         if p.exists():
-            return [p.stat().st_size, int(p.stat().st_mtime)]
+            return [p.stat().st_size, _file_digest(p)]
         return ["missing"]
 
     blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}},

@@ -236,7 +236,7 @@ def train_distill(student: Any, teacher: Any, tokenizer: Any, rows: Sequence[dic
         "beta": divergence_beta(distill),
         "steps": int(trainer.state.global_step),
         "resumed_from_step": common.checkpoint_step(ckpt),
-        "train_loss": float(out.training_loss),
+        "train_loss": common.summary_train_loss(final_dir / common.METRICS_FILE, stage, out.training_loss),
         "prompts": len(dataset),
         "wall_s": round(time.time() - t0, 1),
         "metrics": str(final_dir / common.METRICS_FILE),

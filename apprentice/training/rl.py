@@ -156,7 +156,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
         "model": str(final_dir),
         "steps": int(trainer.state.global_step),
         "resumed_from_step": common.checkpoint_step(ckpt),
-        "train_loss": float(out.training_loss),
+        "train_loss": common.summary_train_loss(final_dir / common.METRICS_FILE, stage, out.training_loss),
         "problems": len(dataset),
         **reward_trend([r for r in rows if "train_loss" not in r]),
         **signal_share([r for r in rows if "train_loss" not in r]),

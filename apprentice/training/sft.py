@@ -204,7 +204,7 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
         "model": str(final_dir),
         "steps": int(trainer.state.global_step),
         "resumed_from_step": common.checkpoint_step(ckpt),
-        "train_loss": float(out.training_loss),
+        "train_loss": common.summary_train_loss(final_dir / common.METRICS_FILE, stage, out.training_loss),
         "examples": len(dataset),
         "deepspeed_zero_stage": zero_stage,
         "wall_s": round(time.time() - t0, 1),

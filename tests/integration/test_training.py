@@ -116,6 +116,10 @@ def test_sft_logs_trains_resumes_from_checkpoint_and_skips_when_done(tmp_path, t
     rows = [r for r in read_metrics(paths.sft_model / METRICS_FILE) if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]  # continued from the checkpoint, not from zero
     assert all(r["loss"] > 0 and "learning_rate" in r for r in rows)
+    tokens = [r["num_tokens"] for r in rows]
+    assert tokens == sorted(set(tokens)), tokens  # TRL's counter continues across the resume, not from 0
+    assert result["train_loss"] == sum(r["loss"] for r in rows) / 3  # over all steps, not those after resume
+    assert "time" not in rows[0]  # wall clock stays out of the DVC output (models/iter_k/.timings/)
     assert _changed(paths.sft_model, tiny_model_dir) > 0
     cfg_json = json.loads((paths.sft_model / "config.json").read_text())
     assert cfg_json["use_cache"] is True  # pitfall 6 fixed before saving

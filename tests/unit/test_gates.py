@@ -113,3 +113,12 @@ def test_eval_results_suite_rejects_unknown_problem(clean):
     assert gates.check(rows, "eval_results", {"eval_problem_ids": ids}).success
     res = gates.check(rows, "eval_results", {"eval_problem_ids": ids[1:]})
     assert not res.success and res.failed[0].unexpected_count == 1
+
+
+def test_eval_results_suite_rejects_a_partial_table():
+    """A table that covers only part of the held-out set cannot be compared (the promotion gate)."""
+    ids = [f"p{i}" for i in range(5)]
+    part = pd.DataFrame({"problem_id": ids[:3], "policy_id": "x", "sample_idx": 0, "success": [True] * 3})
+    res = gates.check(part, "eval_results", {"eval_problem_ids": ids})
+    assert not res.success
+    assert [c.expectation for c in res.failed] == ["expect_column_distinct_values_to_contain_set"]

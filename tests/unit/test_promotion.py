@@ -120,3 +120,42 @@ def test_dead_tracking_server_fails_fast_with_a_fix(monkeypatch, tmp_path):
     with pytest.raises(lineage.LineageError, match="not reachable.*sqlite:///mlruns.db"):
         lineage.configure(f"http://127.0.0.1:{port}", "apprentice", tmp_path)
     assert time.time() - t < 10
+
+
+def test_partial_challenger_table_is_refused(store):
+    """8 of 30 problems, all solved, must not beat anything: promotion needs the complete set."""
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml")
+    paths = _iteration(store, 1, [True] * 8, cfg.promote.candidate)
+    with pytest.raises(ValueError, match="covers 8 of the 30 problems"):
+        promote.run(cfg, paths)
+    assert not (paths.reports / "promotion.json").exists()
+
+
+def test_rerun_of_promote_is_idempotent_and_leaves_the_flow_run_running(store, monkeypatch):
+    """A rerun (e.g. after a kill right after the registry write) finds the same version and repeats
+    its recorded decision; the run handed over by the flow is not closed by the stage."""
+    from mlflow import MlflowClient
+
+    from apprentice import lineage
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml")
+    cand, name = cfg.promote.candidate, cfg.promote.registered_model
+    promote.run(cfg, _iteration(store, 1, [True] * 10 + [False] * 20, cand))
+    lineage.configure(cfg.lineage.tracking_uri, cfg.lineage.experiment, store)
+    exp = MlflowClient().get_experiment_by_name(cfg.lineage.experiment).experiment_id
+    flow_run = MlflowClient().create_run(exp, run_name="promote-2").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", flow_run)
+
+    paths = _iteration(store, 2, [True] * 30, cand)
+    first = promote.run(cfg, paths)
+    assert first["promoted"] and first["version"] == 2
+    assert MlflowClient().get_run(flow_run).info.status == "RUNNING"  # the flow ends it, not the stage
+
+    again = promote.run(cfg, paths)
+    assert (again["version"], again["promoted"], again["reason"]) == (2, True, first["reason"])
+    assert again["champion_before"] == 1 and again["p_value"] == first["p_value"]
+    assert len(MlflowClient().search_model_versions(f"name='{name}'")) == 2
+    assert lineage.aliases(name) == {"champion": "2", "challenger": "2"}

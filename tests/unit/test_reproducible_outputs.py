@@ -1,0 +1,64 @@
+"""Outputs tracked by DVC hold no wall-clock values and no mtime-based fingerprints, so two seeded runs
+write identical bytes and ``dvc.lock`` can tell a real change from a rerun."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from apprentice.config import Config
+from apprentice.envs import FAMILIES
+from apprentice.paths import Paths
+from apprentice.training import common
+from apprentice.trajectories import problems_frame, write_parquet
+
+
+def _md5(path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_stage_fingerprint_follows_content_not_mtime(tmp_path):
+    f = tmp_path / "sft.parquet"
+    f.write_bytes(b"rows")
+    before = common.fingerprint({"a": 1}, [f, tmp_path])
+    os.utime(f, (time.time() + 3600, time.time() + 3600))  # a checkout, a copy, a rerun of the producer
+    assert common.fingerprint({"a": 1}, [f, tmp_path]) == before
+    f.write_bytes(b"ROWS")
+    assert common.fingerprint({"a": 1}, [f, tmp_path]) != before
+
+
+def test_model_folder_metrics_hold_no_wall_clock(tmp_path):
+    src = tmp_path / "work.jsonl"
+    src.write_text(json.dumps({"stage": "sft", "step": 1, "time": 3.2, "loss": 0.5}) + "\n"
+                   + json.dumps({"stage": "sft", "step": 1, "train_runtime": 9.1, "train_loss": 0.5}) + "\n")
+    final = tmp_path / "models" / "sft"
+    final.mkdir(parents=True)
+    common.split_timings(src, final / common.METRICS_FILE, common.timings_path(final))
+    rows = common.read_metrics(final / common.METRICS_FILE)
+    assert rows == [{"stage": "sft", "step": 1, "loss": 0.5}, {"stage": "sft", "step": 1, "train_loss": 0.5}]
+    timed = common.read_metrics(common.timings_path(final))
+    assert [r.get("time", r.get("train_runtime")) for r in timed] == [3.2, 9.1]
+    assert common.timings_path(final).parent.name == ".timings"  # beside the output, not in it
+
+
+def test_two_seeded_evaluations_write_identical_outputs(tmp_path):
+    from apprentice.stages import evaluate
+
+    grid = FAMILIES["grid"]
+    specs = [grid.make_spec(seed=i, difficulty={"size": 5, "obstacles": 1, "keys": 0, "budget_slack": 2})
+             for i in range(4)]
+    digests = []
+    for run in ("a", "b"):
+        paths = Paths(tmp_path / run)
+        write_parquet(problems_frame(specs, [0] * 4, split="eval"), paths.eval_problems)
+        res = evaluate.run(Config(), paths, policy="oracle", progress=False)
+        pq, js = Path(res["episodes"]), Path(res["metrics"])
+        assert "wall" not in js.read_text() and float(pd.read_parquet(pq)["wall_s"].sum()) == 0.0
+        assert pq.with_suffix(".timings.json").exists()
+        digests.append((_md5(pq), _md5(js)))
+    assert digests[0] == digests[1]
