@@ -234,15 +234,21 @@ def remove_containers(owner: str | None = None, only_orphans: bool = False) -> i
     process is gone. Returns how many were removed."""
     import docker.errors
 
-    filters = {"label": [LABEL] + ([f"{OWNER_LABEL}={owner}"] if owner else [])}
     n = 0
-    for ct in client().containers.list(all=True, filters=filters):
-        if only_orphans and _owner_alive(ct.labels.get(OWNER_LABEL, "")):
+    api = client().api
+    for ct in list_containers(owner):  # plain dicts: a container vanishing meanwhile is no error
+        if only_orphans and _owner_alive((ct.get("Labels") or {}).get(OWNER_LABEL, "")):
             continue
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-            ct.remove(force=True)
+            api.remove_container(ct["Id"], force=True)
             n += 1
     return n
+
+
+def list_containers(owner: str | None = None) -> list[dict[str, Any]]:
+    """Sandbox containers (all states) as the engine lists them: ``Id``, ``Labels``, ``State``..."""
+    filters = {"label": [LABEL] + ([f"{OWNER_LABEL}={owner}"] if owner else [])}
+    return list(client().api.containers(all=True, filters=filters))
 
 
 def sweep_orphans() -> int:
@@ -375,16 +381,22 @@ _POOL = _Pool()
 atexit.register(lambda: _POOL.close() if os.getpid() == _POOL.pid else None)
 
 # The wrapper every command runs in (busybox ash). $1 command, $2 timeout, $3 output budget.
+# The result (truncated output + exit mark) is also kept in RESULT_FILE: the exec stream of some engines
+# (Debian's 20.10 under load) drops short outputs, and then the host re-reads the file (idempotent).
+RESULT_FILE = "/tmp/.apprentice-result"
 _WRAPPER = r"""
-o=/tmp/.apprentice-out.$$
+o=/tmp/.apprentice-out
 timeout -s KILL "$2" /bin/sh -c "$1" </dev/null >"$o" 2>&1
 rc=$?
 kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null
 n=$(wc -c <"$o" 2>/dev/null || echo 0)
-head -c "$3" "$o" 2>/dev/null
+{ head -c "$3" "$o" 2>/dev/null; printf '\036APPRENTICE-EXIT %s %s\n' "$rc" "$n"; } >"$4" 2>/dev/null
 rm -f "$o"
-printf '\036APPRENTICE-EXIT %s %s\n' "$rc" "$n"
+cat "$4"
+exit $rc
 """
+# Print a file then an end mark with its size: a read is complete iff the mark and the size agree.
+_CAT = r"""n=$(wc -c <"$1") || exit 3; cat "$1"; printf '\036APPRENTICE-END %s\n' "$n" """
 
 
 class Sandbox:
@@ -423,13 +435,15 @@ class Sandbox:
         command does (nonzero exit, timeout, huge output); SandboxError if the sandbox itself is gone."""
         t = float(timeout or self.limits.command_timeout_s)
         t0 = time.perf_counter()
-        _, out = self._exec(["/bin/sh", "-c", _WRAPPER, "sbx", str(command), str(max(1, round(t))),
-                             str(self.limits.output_bytes)], deadline=t + 30)
+        code, out = self._exec(["/bin/sh", "-c", _WRAPPER, "sbx", str(command), str(max(1, round(t))),
+                                str(self.limits.output_bytes), RESULT_FILE], deadline=t + 30)
         secs = time.perf_counter() - t0
         body, sep, tail = out.rpartition(_MARK.encode())
-        if not sep:  # the wrapper itself was killed (e.g. the memory limit took the shell)
-            return CommandResult(137, out[: self.limits.output_bytes].decode("utf-8", "replace"), len(out),
-                                 len(out) > self.limits.output_bytes, False, secs)
+        if not sep:  # the stream lost it: read the result file again
+            out = self._read_reliably(RESULT_FILE) or b""
+            body, sep, tail = out.rpartition(_MARK.encode())
+        if not sep:  # no result file either: /tmp full, or the wrapper killed (memory limit)
+            return CommandResult(code, "", 0, False, code == 137 and secs >= t * 0.9, secs)
         try:
             rc_s, n_s = tail.split()[:2]
             rc, n = int(rc_s), int(n_s)
@@ -437,6 +451,22 @@ class Sandbox:
             rc, n = -1, len(body)
         text = body.decode("utf-8", "replace")
         return CommandResult(rc, text, n, n > self.limits.output_bytes, rc == 137 and secs >= t * 0.9, secs)
+
+    def _read_reliably(self, path: str, tries: int = 8, remove: bool = False) -> bytes | None:
+        """A file of the sandbox, checked complete against its size (the exec stream may drop bytes)."""
+        end = b"\x1eAPPRENTICE-END "
+        for k in range(tries):
+            code, out = self._exec(["/bin/sh", "-c", _CAT, "sbx", path], deadline=60)
+            if code == 3:
+                return None  # no such file
+            body, sep, tail = out.rpartition(end)
+            if sep and tail.strip().isdigit() and int(tail.strip()) == len(body):
+                if remove:
+                    self._exec(["/bin/rm", "-f", path], deadline=60)
+                return body
+            time.sleep(0.05 * (k + 1))
+        log.warning("could not read %s from sandbox %s completely in %d tries", path, self.container_id[:12], tries)
+        return None
 
     def put_files(self, files: Mapping[str, str | bytes]) -> None:
         """Write ``files`` (paths relative to /work) in one exec: a base64 tar piped into ``tar -x``.
@@ -456,8 +486,9 @@ class Sandbox:
 
     def snapshot(self, max_bytes: int = 8 << 20) -> dict[str, bytes]:
         """Every regular file under /work (path -> bytes), for a verifier: the final state."""
-        rc, out = self._exec(["/bin/sh", "-c", "tar -c -C /work . 2>/dev/null | head -c " + str(max_bytes)],
-                             deadline=60)
+        snap = "/tmp/.apprentice-snapshot"
+        self._exec(["/bin/sh", "-c", f"tar -c -C /work . 2>/dev/null | head -c {int(max_bytes)} >{snap}"], deadline=60)
+        out = self._read_reliably(snap, remove=True) or b""
         files: dict[str, bytes] = {}
         with contextlib.suppress(tarfile.TarError, EOFError), \
                 tarfile.open(fileobj=io.BytesIO(out), mode="r:") as tar:
