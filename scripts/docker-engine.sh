@@ -60,10 +60,13 @@ if [[ "$(id -u)" != 0 ]]; then
   exit 3
 fi
 
-if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
-  say "installing Debian's docker.io (about a minute, once per machine)"
+PKGS=()
+command -v dockerd >/dev/null 2>&1 && command -v docker >/dev/null 2>&1 || PKGS+=(docker.io)
+command -v busybox >/dev/null 2>&1 || PKGS+=(busybox-static)   # the sandbox image is built from it
+if ((${#PKGS[@]})); then
+  say "installing Debian's ${PKGS[*]} (about a minute, once per machine)"
   apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >&2
 fi
 
 mkdir -p "$DIR/root"
