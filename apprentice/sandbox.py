@@ -347,7 +347,7 @@ class _Pool:
             _start_watchdog()
         ct = None
         with self.lock:
-            for i, (lim, c) in enumerate(self.ready):
+            for i, (lim, _c) in enumerate(self.ready):
                 if lim == limits:
                     ct = self.ready.pop(i)[1]
                     break

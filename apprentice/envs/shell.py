@@ -26,6 +26,7 @@ environments only to read the task and the oracle plan) and released when the ep
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shlex
 from collections.abc import Callable
@@ -427,7 +428,5 @@ class ShellEnv(Environment):
             self.failures = [f"sandbox: {e}"]
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown
             self._release()
-        except Exception:  # noqa: BLE001,S110 - interpreter shutdown
-            pass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -40,7 +41,7 @@ def _through_the_stages(cfg: Config, paths: Paths) -> dict:
     calls = [c["function"]["name"] for m in sft["messages"].iloc[0] for c in (m.get("tool_calls") or [])]
     assert calls[-1] == "submit" and set(calls) <= {"run", "write_file", "submit"}
     e = evaluate.run(cfg, paths, policy="base", progress=False)
-    metrics = json.loads(open(e["metrics"]).read())
+    metrics = json.loads(Path(e["metrics"]).read_text())
     episodes = pd.read_parquet(e["episodes"])
     assert len(episodes) == 2 and set(episodes["family"]) == {"shell"}
     assert 0.0 <= metrics["success_rate"] <= 1.0
