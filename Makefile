@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRL_EXPERIMENTAL_SILENCE := 1
 
-.PHONY: setup run test test-unit test-slow bench lint serve clean-venv
+.PHONY: setup run test test-unit test-slow bench lint serve clean-venv docker
 
 setup: $(STAMP)   ## create .venv with the pinned dependency set (idempotent)
 
@@ -50,3 +50,6 @@ serve: $(STAMP)   ## local Prefect server + a worker for the scheduled deploymen
 
 clean-venv:
 	rm -rf $(VENV)
+
+docker:   ## the pipeline image apprentice:latest (engine, base and wheels prepared by scripts/docker-build.sh)
+	nice -n 10 bash scripts/docker-build.sh

@@ -26,7 +26,7 @@ def env_for(spec: ProblemSpec) -> Environment:
 def _load_builtin() -> None:
     import importlib
 
-    for mod in ("grid", "search", "store"):
+    for mod in ("grid", "search", "store", "shell"):
         try:
             importlib.import_module(f"apprentice.envs.{mod}")
         except ModuleNotFoundError as e:  # a family under construction must not break the others
