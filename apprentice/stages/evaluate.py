@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from apprentice import distributed
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import format_table, summarize
 from apprentice.paths import Paths, atomic_path
-from apprentice.rollout import run_episodes
 from apprentice.stages.rollout import (
     FINGERPRINT_KEY,
     MODEL_CHOICES,
@@ -57,8 +57,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     df = existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
     skipped = df is not None
     if df is None:
-        pol = build_policy(pol_cfg, cfg, paths)
-        trajs = run_episodes(problems, pol, samples_per_problem=ec.samples_per_problem,
+        trajs = distributed.run_episodes(problems, lambda: build_policy(pol_cfg, cfg, paths),
+                             engine=cfg.rollout.engine, ray=cfg.ray, samples_per_problem=ec.samples_per_problem,
                              batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed,
                              policy_id=name, max_format_errors=ec.max_format_errors)
         df = trajectories_frame(trajs)

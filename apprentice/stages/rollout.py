@@ -20,10 +20,10 @@ from typing import Any
 
 import pandas as pd
 
+from apprentice import distributed
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import summarize
 from apprentice.paths import Paths
-from apprentice.rollout import run_episodes
 from apprentice.trajectories import read_parquet, trajectories_frame, write_parquet
 
 MODEL_CHOICES = ("base", "sft", "rl", "student")
@@ -138,9 +138,10 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     df = existing_if_complete(target, fp, n_rows)
     skipped = df is not None
     if df is None:
-        pol = build_policy(pol_cfg, cfg, paths)
-        trajs = run_episodes(problems, pol, samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
-                             batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed)
+        trajs = distributed.run_episodes(problems, lambda: build_policy(pol_cfg, cfg, paths),
+                                         engine=rc.engine, ray=cfg.ray,  # local: this process; ray: sharded
+                                         samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
+                                         batch_size=pol_cfg.batch_size, progress=progress, seed=cfg.pipeline.seed)
         df = trajectories_frame(trajs)
         df.attrs[FINGERPRINT_KEY] = fp
         write_parquet(df, target)
