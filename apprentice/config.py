@@ -273,6 +273,19 @@ class RayConfig(Section):
     connect_timeout_s: float = Field(10.0, gt=0, description="Fail fast when ray.address cannot be reached.")
 
 
+class GPUConfig(Section):
+    """The GPU path (apprentice/gpu.py, profile ``gpu``): vLLM generation and multi-GPU launch."""
+
+    use_vllm: bool = Field(False, description="TRL use_vllm for GRPO and distillation generation (needs the gpu extra).")
+    vllm_mode: Literal["colocate", "server"] = Field("colocate", description="colocate: vLLM shares the "
+                                                     "training GPUs; server: a `trl vllm-serve` process.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="GPU share vLLM may take (colocate).")
+    launcher: Literal["none", "accelerate"] = Field("none", description="How training stages start: in-process "
+                                                     "or `accelerate launch` with accelerate_config.")
+    accelerate_config: Literal["zero3", "fsdp"] = Field("zero3", description="apprentice/accelerate/<name>.yaml")
+    num_processes: int = Field(1, ge=1, description="GPUs (processes) accelerate launches.")
+
+
 class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
     model: ModelConfig = ModelConfig()
@@ -287,6 +300,7 @@ class Config(Section):
     lineage: LineageConfig = LineageConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
     ray: RayConfig = RayConfig()
+    gpu: GPUConfig = GPUConfig()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
