@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRL_EXPERIMENTAL_SILENCE := 1
 
-.PHONY: setup run test test-unit bench lint serve clean-venv
+.PHONY: setup run test test-unit test-slow bench lint serve serve-team clean-venv
 
 setup: $(STAMP)   ## create .venv with the pinned dependency set (idempotent)
 
@@ -44,6 +44,9 @@ lint: $(STAMP)
 
 serve: $(STAMP)   ## local Prefect server + a worker for the scheduled deployment
 	bash scripts/serve.sh
+
+serve-team: $(STAMP)   ## shared stores: MLflow tracking server (HTTP), Prefect server + worker, DVC remote
+	bash scripts/serve_team.sh
 
 clean-venv:
 	rm -rf $(VENV)

@@ -271,6 +271,8 @@ class RayConfig(Section):
                                    "retries, smaller generation batches).")
     max_restarts: int = Field(3, ge=0, description="Times a dead actor is replaced and its shard rerun.")
     connect_timeout_s: float = Field(10.0, gt=0, description="Fail fast when ray.address cannot be reached.")
+    parallel_evaluations: bool = Field(True, description="With rollout.engine=ray, the flow runs the per-model "
+                                       "evaluations concurrently as Prefect tasks on Ray (prefect-ray).")
 
 
 class GPUConfig(Section):

@@ -172,7 +172,9 @@ class RayRollout:
         kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, ignore_reinit_error=True,
                                   runtime_env={"env_vars": env} if env else None)
         if c.address == "local":
-            kw.update(num_cpus=c.workers * c.threads_per_worker, num_gpus=math.ceil(c.workers * c.gpus_per_worker))
+            # address="local": a new private instance even inside a Ray worker (where RAY_ADDRESS is set)
+            kw.update(address="local", num_cpus=c.workers * c.threads_per_worker,
+                      num_gpus=math.ceil(c.workers * c.gpus_per_worker))
         else:
             kw["address"] = c.address
         try:

@@ -61,7 +61,14 @@ def ray_cluster():
     rollout engine and prefect-ray join it instead of starting their own."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (make setup installs it)")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    for attempt in range(3):  # Ray waits a fixed 30 s for its raylet; a loaded CI box can miss that once
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield ray
     ray.shutdown()

@@ -3,6 +3,7 @@ order, whether an actor survives or is killed mid-shard; a clear error for an un
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -59,7 +60,9 @@ def test_ray_evaluate_stage_writes_the_same_parquet_as_local(ray_cluster, tmp_pa
     b = read_parquet(tmp_path / "ray" / f"{out['ray']['policy']}.parquet").drop(columns=["wall_s"])
     pd.testing.assert_frame_equal(a, b)
     name = out["local"]["policy"]
-    assert (tmp_path / "local" / f"{name}.json").read_text() == (tmp_path / "ray" / f"{name}.json").read_text()
+    ma, mb = (json.loads((tmp_path / e / f"{name}.json").read_text()) for e in ("local", "ray"))
+    ma.pop("mean_wall_s"), mb.pop("mean_wall_s")  # the only timing in the metrics
+    assert ma == mb
 
 
 def test_ray_actor_killed_mid_rollout_is_replaced_and_its_shard_rerun(ray_cluster, tmp_path):
