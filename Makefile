@@ -28,8 +28,11 @@ models/base/config.json: | $(STAMP)
 run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect -> DVC -> MLflow
 	$(BIN)/python -m flows.self_improve --profile $(PROFILE)
 
-test: $(STAMP)   ## unit + integration tests (real stack, tiny model)
-	$(BIN)/python -m pytest -q tests
+test: $(STAMP)   ## unit + integration tests (real stack, tiny model); slow ones: make test-slow
+	$(BIN)/python -m pytest -q tests -m "not slow"
+
+test-slow: $(STAMP)   ## the slow suite (.ci/run runs it after make test): shared stores end to end, ...
+	$(BIN)/python -m pytest -q tests -m slow
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "not integration"
