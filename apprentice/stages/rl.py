@@ -90,8 +90,8 @@ def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
 
 
 def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
-    from apprentice.policies.hf_cached import CachedHFPolicy
     from apprentice.distributed import run_episodes
+    from apprentice.policies.hf_cached import CachedHFPolicy
     from apprentice.training.curriculum import pass_rates
 
     was_training = model.training

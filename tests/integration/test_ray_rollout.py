@@ -125,3 +125,12 @@ def test_ray_config_rejects_bad_values_naming_the_key():
         load_config("params.yaml", overrides=["rollout.engine=slurm"])
     with pytest.raises(ConfigError, match="ray.workers"):
         load_config("params.yaml", overrides=["ray.workers=0"])
+
+
+def test_ray_shards_are_contiguous_cover_every_problem_and_never_empty():
+    for n in (1, 2, 7, 40):
+        for k in (1, 2, 3, 8, 64):
+            b = distributed.shard_bounds(n, k)
+            assert b[0][0] == 0 and b[-1][1] == n and all(x[1] == y[0] for x, y in zip(b, b[1:], strict=False))
+            assert all(e > s for s, e in b) and len(b) == min(k, n)
+            assert max(e - s for s, e in b) - min(e - s for s, e in b) <= 1

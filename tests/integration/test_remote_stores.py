@@ -47,7 +47,7 @@ def tracking_server(tmp_path_factory):
     proc = subprocess.Popen([mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
                              "--artifacts-destination", str(d / "artifacts"), "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1"], env=env,
-                            stdout=open(d / "server.log", "w"), stderr=subprocess.STDOUT)
+                            stdout=(d / "server.log").open("w"), stderr=subprocess.STDOUT)  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):
         try:
