@@ -177,6 +177,7 @@ class RayRollout:
                       num_gpus=math.ceil(c.workers * c.gpus_per_worker))
         else:
             kw["address"] = c.address
+        os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # default 30 s: too short on a busy node
         try:
             ray.init(**kw)
         except (ConnectionError, TimeoutError, RuntimeError) as e:

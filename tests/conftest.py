@@ -61,6 +61,7 @@ def ray_cluster():
     rollout engine and prefect-ray join it instead of starting their own."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (make setup installs it)")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # Ray's default 30 s fails on a loaded box
     for attempt in range(3):  # Ray waits a fixed 30 s for its raylet; a loaded CI box can miss that once
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
