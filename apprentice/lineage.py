@@ -88,8 +88,11 @@ def configure(tracking_uri: str, experiment: str, root: str | os.PathLike[str]) 
     try:
         with _store_init_lock(uri):
             if mlflow.get_experiment_by_name(experiment) is None:
-                art = Path(root).resolve() / "mlartifacts"
-                mlflow.create_experiment(experiment, artifact_location=art.as_uri())
+                if uri.startswith(("http://", "https://")):  # a shared server: its own (proxied) artifact root,
+                    mlflow.create_experiment(experiment)       # reachable from every machine, not a local path
+                else:
+                    art = Path(root).resolve() / "mlartifacts"
+                    mlflow.create_experiment(experiment, artifact_location=art.as_uri())
     except mlflow.exceptions.MlflowException as e:
         raise LineageError(f"cannot use MLflow store {uri}: {e}") from None
     mlflow.set_experiment(experiment)

@@ -40,7 +40,8 @@ from prefect import flow  # noqa: E402
 
 from apprentice import dvcgen, lineage, runlock  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
-from tasks._dvc import StageContext  # noqa: E402
+from tasks import parallel  # noqa: E402
+from tasks._dvc import StageContext, stage_env  # noqa: E402
 from tasks.benchmark import benchmark  # noqa: E402
 from tasks.distill import distill  # noqa: E402
 from tasks.evaluate import evaluate  # noqa: E402
@@ -81,7 +82,13 @@ def _run(profile: str, root: Path) -> dict:
             if k == 1:  # once for all iterations: the base model and the fixed benchmark
                 once = StageContext(str(root), str(wd), profile, None, parent)
                 stages += [prepare_base(once), benchmark(once)]
-            stages += [TASKS[s](ctx) for s in dvcgen.ITERATION_STAGES]
+            for s in dvcgen.ITERATION_STAGES:
+                if s == "evaluate" and cfg.rollout.engine == "ray" and cfg.ray.parallel_evaluations:
+                    # the per-model evaluations run concurrently on Ray (tasks/parallel.py); the task below
+                    # then finds them up to date in dvc.lock and records them in MLflow as usual
+                    parallel.repro_parallel([f"dvc.yaml:{t}" for t in dvcgen.dvc_stages(s, k)], wd,
+                                            stage_env(root, None), cfg.ray.address)
+                stages.append(TASKS[s](ctx))
             promo = next(s["result"] for s in stages if s["stage"] == f"promote-{k}")
             lineage.log_artifacts(parent, [wd / "reports" / f"iter_{k}" / "index.html"])  # the iteration's page
             lineage.set_tags(parent, {"promote.promoted": bool(promo.get("promoted")),

@@ -11,7 +11,7 @@ export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 POOL=apprentice-local
 mkdir -p "$PREFECT_HOME"
 
-"$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" >"$PREFECT_HOME/server.log" 2>&1 &
+"$BIN/prefect" server start --host "${SERVE_HOST:-127.0.0.1}" --port "$PORT" >"$PREFECT_HOME/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 90); do

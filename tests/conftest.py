@@ -52,3 +52,24 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=240):  # a loaded 2-core box needs minutes
         yield PREFECT_API_URL.value()
+
+
+# ---- scaling out (issue F) -----------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray instance for the session (``ray.init(num_cpus=2)``, ~10 s once); the Ray
+    rollout engine and prefect-ray join it instead of starting their own."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (make setup installs it)")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # Ray's default 30 s fails on a loaded box
+    for attempt in range(3):  # Ray waits a fixed 30 s for its raylet; a loaded CI box can miss that once
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
+    yield ray
+    ray.shutdown()

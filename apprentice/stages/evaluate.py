@@ -18,12 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from apprentice import shards
+from apprentice import distributed, shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import format_table, summarize
 from apprentice.paths import Paths, atomic_path
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
-from apprentice.rollout import run_episodes
 from apprentice.stages.rollout import (
     FINGERPRINT_KEY,
     MODEL_CHOICES,
@@ -62,10 +61,16 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     skipped = df is not None
     if df is None:
         shards.check_writable(out_dir)  # before any episode runs
-        pol = build_policy(pol_cfg, cfg, paths)
+        built: list[Any] = []  # local engine: one policy for every shard; ray: each actor builds its own
+
+        def policy() -> Any:
+            if not built:
+                built.append(build_policy(pol_cfg, cfg, paths))
+            return built[0]
 
         def chunk(rows: Any, seed: int) -> list[Any]:
-            return run_episodes(rows, pol, samples_per_problem=ec.samples_per_problem,
+            return distributed.run_episodes(rows, policy, engine=cfg.rollout.engine, ray=cfg.ray,
+                                samples_per_problem=ec.samples_per_problem,
                                 batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed,
                                 policy_id=name, max_format_errors=ec.max_format_errors)
 

@@ -103,8 +103,8 @@ def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
 
 
 def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
+    from apprentice.distributed import run_episodes
     from apprentice.policies.hf_cached import CachedHFPolicy
-    from apprentice.rollout import run_episodes
     from apprentice.training.curriculum import pass_rates
 
     was_training = model.training
@@ -125,7 +125,8 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
         wrapped = f"<|im_start|>user\n<tool_response>\n{obs}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         return len(tokenizer(wrapped, add_special_tokens=False)["input_ids"])
 
-    trajs = run_episodes(problems, policy, samples_per_problem=cfg.rl.probe_samples,
+    trajs = run_episodes(problems, policy, engine=cfg.rollout.engine, ray=cfg.ray,  # ray: a replica per actor
+                         samples_per_problem=cfg.rl.probe_samples,
                          max_turns=cfg.rl.max_tool_calls, batch_size=cfg.evaluate.batch_size,
                          seed=cfg.rl.seed, progress=enabled(), max_format_errors=cfg.evaluate.max_format_errors,
                          episode_tokens=cfg.rl.max_completion_length, count_tokens=tool_turn_tokens)

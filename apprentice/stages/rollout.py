@@ -20,12 +20,11 @@ from typing import Any
 
 import pandas as pd
 
-from apprentice import shards
+from apprentice import distributed, shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import summarize
 from apprentice.paths import Paths
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
-from apprentice.rollout import run_episodes
 from apprentice.trajectories import read_parquet, write_parquet
 
 MODEL_CHOICES = ("base", "sft", "rl", "student")
@@ -145,11 +144,17 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     skipped = df is not None
     if df is None:
         shards.check_writable(target.parent)  # before any episode runs
-        pol = build_policy(pol_cfg, cfg, paths)
+        built: list[Any] = []  # local engine: one policy for every shard; ray: each actor builds its own
+
+        def policy() -> Any:
+            if not built:
+                built.append(build_policy(pol_cfg, cfg, paths))
+            return built[0]
 
         def chunk(rows: pd.DataFrame, seed: int) -> list[Any]:
-            return run_episodes(rows, pol, samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
-                                batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed)
+            return distributed.run_episodes(rows, policy, engine=rc.engine, ray=cfg.ray,
+                                            samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
+                                            batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed)
 
         df, _ = shards.run_sharded(problems, chunk, target, fp, samples=rc.samples_per_problem, policy_id=name,
                                    shard_size=rc.shard_size, error_budget=rc.error_budget, seed=cfg.pipeline.seed)
