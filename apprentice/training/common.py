@@ -251,8 +251,18 @@ def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, s
     return final_dir
 
 
-def fingerprint(params: Any, inputs: Iterable[Path]) -> dict[str, Any]:
-    """What a stage's output depends on: its params and (size, mtime) of each input file/model folder."""
+def fingerprint(params: Any, inputs: Iterable[Path], code_of: Iterable[str] | None = None) -> dict[str, Any]:
+    """What a stage's output depends on: its params, (size, mtime) of each input file/model folder, and
+    the code it runs: the import closure of ``code_of`` (default: the calling stage's module) and the
+    third-party versions (:func:`apprentice.codedeps.digest`), so the plain CLI, like ``dvc repro``,
+    retrains after a change to that code or a library upgrade."""
+    import sys
+
+    from apprentice import codedeps
+
+    if code_of is None:  # the stage module that asks (apprentice.stages.sft, ...)
+        code_of = [sys._getframe(1).f_globals.get("__name__", "apprentice.training.common")]
+    code = codedeps.digest(*(m for m in code_of if m.startswith("apprentice")))
     def describe(p: Path) -> list[Any]:
         p = Path(p)
         if p.is_dir():
@@ -262,7 +272,7 @@ def fingerprint(params: Any, inputs: Iterable[Path]) -> dict[str, Any]:
             return [p.stat().st_size, int(p.stat().st_mtime)]
         return ["missing"]
 
-    blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}},
+    blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}, "code": code},
                       sort_keys=True, default=str)
     return {"fingerprint": hashlib.sha256(blob.encode()).hexdigest()[:16]}
 
