@@ -123,6 +123,9 @@ class ValidateConfig(Section):
     max_truncation_rate: float = Field(0.2, ge=0, le=1)
     min_success_rate: float = Field(0.5, ge=0, le=1)
     success_only: bool = True
+    max_message_chars: int = Field(
+        20000, ge=100, description="Longest message (content + tool-call arguments) a teacher episode may "
+        "hold; a longer one fails the gate (a runaway generation or a broken observation).")
 
 
 class SFTConfig(Section):

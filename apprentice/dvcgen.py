@@ -43,7 +43,9 @@ ITERATION_STAGES = ["synth", "evolve", "teacher-rollout", "validate", "sft", "rl
 
 #: Code each stage runs (relative to the repo); paths that do not exist yet are left out, so the
 #: pipeline can be generated while modules land. Shared packages are listed whole: over-tracking
-#: reruns a stage needlessly, under-tracking would silently keep a stale result.
+#: reruns a stage needlessly, under-tracking would silently keep a stale result. The first entry is
+#: the stage's module: :func:`code_deps` adds every project module it imports (transitively), so
+#: this table only needs what imports cannot show (templates, suites, DeepSpeed configs).
 CODE: dict[str, list[str]] = {
     "prepare-base": ["apprentice/stages/prepare_base.py", "apprentice/modeling.py"],
     "benchmark": ["apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/trajectories.py"],
@@ -152,8 +154,28 @@ def _params(raw: dict[str, Any], stage: str) -> list[str]:
 
 
 def _code(stage: str, prefix: str, repo: Path) -> list[str]:
+    return [prefix + p for p in code_deps(stage, repo)]
+
+
+#: Deps of every stage: the CLI that runs it, and the lock file (a changed TRL, transformers or torch
+#: pin changes what every stage computes).
+COMMON_DEPS = ["apprentice/__main__.py", "requirements.lock"]
+
+
+def code_deps(stage: str, repo: Path = REPO) -> list[str]:
+    """Repo-relative code deps of ``stage``: its own module first, the paths :data:`CODE` lists (data
+    folders such as templates and suites), and the transitive import closure of the stage module and
+    the CLI (:mod:`apprentice.codedeps`), so a module the stage imports can never be missing."""
+    from apprentice.codedeps import deps
+
     own = CODE[stage][0]  # always listed: a missing module should fail loudly
-    return [prefix + p for p in CODE[stage] if p == own or (repo / p).exists()]
+    module = own.removesuffix(".py").replace("/", ".")
+    derived = deps([module, "apprentice.__main__"], repo) if (repo / own).exists() else []
+    listed = [p for p in [*CODE[stage][1:], *derived, *COMMON_DEPS] if (repo / p).exists()]
+    covered = [p for p in listed if (repo / p).is_dir()]
+    # a file inside a listed folder is already tracked by the folder
+    listed = [p for p in listed if p in covered or not any(p.startswith(d + "/") for d in covered)]
+    return [own, *dict.fromkeys(p for p in listed if p != own)]
 
 
 #: Policies the ``evaluate`` stage scores on the benchmark (the table ``make run`` prints).

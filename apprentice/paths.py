@@ -61,6 +61,11 @@ class Paths:
         return self.data / "sft.parquet"
 
     @property
+    def gate_record(self) -> Path:
+        """The validate stage's summary; records whether the gate passed and the SFT set's SHA-256."""
+        return self.reports / "gate.json"
+
+    @property
     def eval_dir(self) -> Path:
         return self.data / "eval"
 

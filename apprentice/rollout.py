@@ -100,15 +100,34 @@ def _levels_for(specs: Sequence[ProblemSpec], levels: Sequence[int] | Mapping[st
     return [int(x) for x in levels]
 
 
-def _seed_everything(seed: int) -> None:
+def _seed_everything(seed: int) -> tuple[Any, Any]:
+    """Seed Python's and torch's global RNGs for the rollout; return their previous states, which
+    :func:`_restore_rng` puts back when the rollout ends: a rollout inside training (OPD) must not
+    reseed the trainer's dropout and data order every step (issue G)."""
     import random
 
+    before = random.getstate()
     random.seed(seed)
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a hard dependency, but policies may not need it
-        return
+        return before, None
+    torch_before = (torch.random.get_rng_state(),
+                    torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     torch.manual_seed(seed)
+    return before, torch_before
+
+
+def _restore_rng(state: tuple[Any, Any]) -> None:
+    import random
+
+    random.setstate(state[0])
+    if state[1] is not None:
+        import torch
+
+        torch.random.set_rng_state(state[1][0])
+        if state[1][1] is not None:
+            torch.cuda.set_rng_state_all(state[1][1])
 
 
 def run_episodes(
@@ -156,7 +175,7 @@ def run_episodes(
     wants_plan = _wants_plan(policy)
     fmt = getattr(policy, "tool_call_format", None) or DEFAULT_TOOL_CALL_FORMAT
     make_env = env_factory or _default_env
-    _seed_everything(seed)
+    rng_state = _seed_everything(seed)
 
     episodes: list[_Episode] = []
     for spec, level in zip(specs, lv, strict=True):
@@ -211,6 +230,7 @@ def run_episodes(
                 bar.set_postfix(success=f"{successes}/{done}", tok_s=f"{gen_tokens / elapsed:.0f}")
     finally:
         bar.close()
+        _restore_rng(rng_state)
 
     return [_trajectory(e, pid) for e in episodes]
 

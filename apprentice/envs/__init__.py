@@ -12,12 +12,22 @@ def register(cls: type[Environment]) -> type[Environment]:
     return cls
 
 
+def resolve(family: str) -> type[Environment]:
+    """The class of ``family``: a registered family, or an adapter family (``rg_<dataset>``,
+    ``toytext_*``) registered on first use. Raises ``ValueError`` naming the known families."""
+    if family in FAMILIES:
+        return FAMILIES[family]
+    if family.startswith(("rg_", "toytext_")):
+        from apprentice.envs.adapters import ensure
+
+        return ensure(family)
+    raise ValueError(f"unknown environment family '{family}'; known: {sorted(FAMILIES)} "
+                     "(plus rg_<reasoning-gym dataset> and toytext_frozenlake/toytext_taxi)")
+
+
 def env_for(spec: ProblemSpec) -> Environment:
     """A fresh environment already reset on ``spec``."""
-    try:
-        cls = FAMILIES[spec.family]
-    except KeyError:
-        raise ValueError(f"unknown environment family '{spec.family}'; known: {sorted(FAMILIES)}") from None
+    cls = resolve(spec.family)
     env = cls()
     env.reset(spec=spec)
     return env
@@ -36,4 +46,4 @@ def _load_builtin() -> None:
 
 _load_builtin()
 
-__all__ = ["FAMILIES", "DifficultyAxis", "Environment", "ProblemSpec", "ToolCall", "env_for", "register", "replay"]
+__all__ = ["FAMILIES", "DifficultyAxis", "Environment", "ProblemSpec", "ToolCall", "env_for", "register", "replay", "resolve"]

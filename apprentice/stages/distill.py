@@ -50,6 +50,10 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
 
     common.setup_runtime(cfg)
     d = cfg.distill
+    if d.student.warmup_steps > 0 or d.prompt_source in ("trajectories", "both"):
+        from apprentice.gates import require_passed
+
+        require_passed(paths.sft_data, paths.gate_record)  # the SFT set is trained on: the gate must have passed it
     teacher_dir = teacher_path(paths)
     inputs = [teacher_dir, paths.sft_data, paths.problems]
     stamp = common.fingerprint({"distill": d.model_dump(), "model": cfg.model.model_dump(),

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from apprentice import distributed, shards
+from apprentice import codedeps, distributed, shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import summarize
 from apprentice.paths import Paths
@@ -113,6 +113,9 @@ def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, **se
         "model": model_fingerprint(pol_cfg.model) if pol_cfg.kind == "hf" else "",
         "model_cfg": cfg.model.model_dump(exclude={"threads"}),
         "seed": cfg.pipeline.seed,
+        # the code that plays the episodes (engine, policies, every environment) and library versions:
+        # an edited environment must not leave a stale rollout behind (issue G)
+        "code": codedeps.digest("apprentice.stages.rollout"),
         **settings,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

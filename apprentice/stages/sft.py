@@ -53,11 +53,13 @@ def start_file(paths: Paths) -> Path:
 
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:
+    from apprentice.gates import require_passed
     from apprentice.modeling import load_tokenizer
     from apprentice.training import common
     from apprentice.training.sft import train_sft
     from apprentice.trajectories import read_parquet, to_sft_records
 
+    require_passed(paths.sft_data, paths.gate_record)  # never train on data the gate did not pass
     common.setup_runtime(cfg)
     start = start_record(cfg, paths)
     base = start["path"]

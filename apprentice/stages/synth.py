@@ -35,7 +35,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from apprentice import trajectories
+from apprentice import dedupe, trajectories
 from apprentice.config import Config
 from apprentice.envs import FAMILIES, base, env_for
 from apprentice.envs.base import ProblemSpec, derive_seed
@@ -53,7 +53,7 @@ def manifest_path(paths: Paths) -> Path:
 
 def fingerprint(cfg: Config, paths: Paths) -> str:
     """What the outputs are a function of: the synth section, the seeds, the generators' code."""
-    sources: list[str | None] = [base.__file__, trajectories.__file__, __file__]
+    sources: list[str | None] = [base.__file__, trajectories.__file__, dedupe.__file__, __file__]
     sources += [inspect.getsourcefile(FAMILIES[f]) for f in cfg.synth.families]
     code = {Path(s).name: _sha256(Path(s)) for s in sources if s}
     blob: dict[str, Any] = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
@@ -79,6 +79,31 @@ def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
     if gen is None:
         raise ValueError(f"environment family '{family}' has no generate(seed, level) classmethod; add one")
     return gen
+
+
+def _dedupe_content(specs: dict[str, list[ProblemSpec]], jobs: dict[str, list[tuple[str, int, int]]],
+                    iteration: int, seed: int, tries: int = 50) -> None:
+    """Replace, in place, every problem whose content (task text + oracle plan, :mod:`apprentice.dedupe`)
+    repeats an earlier one: held-out problems are kept first (the evaluation stays as planned), then
+    training problems that repeat a held-out one or an earlier training one are regenerated at the
+    same family and level from derived seeds. Different seeds can build the same small episode."""
+    seen: set[str] = set()
+    for split in ("eval", "train"):
+        for i, (family, level, s) in enumerate(jobs[split]):
+            key = dedupe.spec_content_key(specs[split][i])
+            attempt = 0
+            while key in seen:
+                attempt += 1
+                if attempt > tries:
+                    raise RuntimeError(
+                        f"synth: {split} problem {i} ({family}, level {level}) repeats the content of another "
+                        f"problem in {tries} reseeds; this family has too few distinct problems at this level "
+                        "for synth.n_train + synth.n_eval: lower them or add levels to synth.levels")
+                s = derive_seed(seed, iteration, split, i, "content-dedupe", attempt)
+                specs[split][i] = _generator(family)(s, level)
+                key = dedupe.spec_content_key(specs[split][i])
+            jobs[split][i] = (family, level, s)
+            seen.add(key)
 
 
 #: curriculum keys synthesis does not read (it takes its sampler from synth.sampler).

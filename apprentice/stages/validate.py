@@ -6,10 +6,24 @@ the teacher trajectories and the SFT set derived from them; writes ``reports/ite
 set (success-only when ``validate.success_only``) only when every suite passes. On a violation it
 raises :class:`apprentice.gates.GateFailed`, so the CLI exits non-zero, ``dvc repro`` stops and
 nothing downstream runs.
+
+What "trusted" means here (issue G): every teacher episode is replayed in a fresh environment (a
+recorded success that the calls do not earn, or an observation the environment would not give,
+fails the gate naming the problem); problems are unique by *content* (normalised task text +
+oracle plan, :mod:`apprentice.dedupe`) within training and against the held-out set, not only by
+id; the SFT set has zero tolerance for malformed turns, invalid calls, error observations and
+over-long messages, and every episode it leaves out is counted and listed with its reason in the
+report. A missing column fails the gate naming it; it never crashes the stage.
+
+The previous ``sft.parquet`` is removed before anything is checked (as ``dvc repro`` does), so a
+failed gate in the plain CLI leaves no SFT set behind; ``gate.json`` records the SHA-256 of the
+set it passed, and ``sft``/``distill`` refuse data without that record
+(:func:`apprentice.gates.require_passed`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -21,49 +35,114 @@ from apprentice.paths import Paths
 from apprentice.trajectories import read_parquet, write_parquet
 
 
-def sft_rows(teacher: pd.DataFrame, success_only: bool) -> tuple[pd.DataFrame, dict[str, int]]:
-    """The SFT set drawn from the teacher rows, and how many rows each rule excluded (first reason
-    that applies, in this order), so the iteration report can say what the gate left out and why."""
-    failed = ~teacher["success"].astype(bool) if success_only else pd.Series(False, index=teacher.index)
-    truncated = ~failed & teacher["truncated"].astype(bool)
-    rest = ~failed & ~truncated
-    # SFT learns only complete episodes whose every tool call is well-formed (the suite re-checks it).
-    bad_calls = rest & ~gates.tool_calls_valid(teacher).reindex(teacher.index, fill_value=False)
-    sft = teacher[rest & ~bad_calls].reset_index(drop=True)
-    excluded = {"failed episode (validate.success_only)": int(failed.sum()), "truncated episode": int(truncated.sum()),
-                "malformed tool call": int(bad_calls.sum())}
+def _rel(path: Path, paths: Paths) -> str:
+    try:
+        return str(Path(path).relative_to(paths.root))
+    except ValueError:
+        return str(path)
+
+
+def _ids(df: pd.DataFrame) -> list[str]:
+    return sorted(df["problem_id"].dropna().astype(str).unique()) if "problem_id" in df.columns else []
+
+
+def _families(*frames: pd.DataFrame) -> list[str]:
+    """Family names in ``frames`` that resolve to an environment (the suites flag the others by name)."""
+    from apprentice.envs import resolve
+
+    names = {str(f) for df in frames if "family" in df.columns for f in df["family"].dropna().unique()}
+    known = []
+    for f in sorted(names):
+        try:
+            resolve(f)
+            known.append(f)
+        except (ValueError, ImportError):
+            pass
+    return known
+
+
+def _content_keys(df: pd.DataFrame) -> list[str]:
+    """Content keys of a held-out table's buildable problems (unbuildable ones fail their own suite)."""
+    from apprentice.dedupe import content_key
+
+    out = []
+    for s in df["spec"] if "spec" in df.columns else []:
+        try:
+            out.append(content_key(str(s)))
+        except Exception:  # noqa: BLE001 - the problems suite reports a spec that does not build
+            continue
+    return out
+
+
+def select_sft(teacher: pd.DataFrame, success_only: bool, max_message_chars: int) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The SFT set and the excluded episodes (``problem_id``, ``sample_idx``, ``reason``), in row order."""
+    reasons = gates.sft_exclusions(teacher, success_only, max_message_chars)
+    keep = [not r for r in reasons]
+    excluded = [{"problem_id": str(row.get("problem_id")), "sample_idx": row.get("sample_idx"), "reason": r}
+                for row, r in zip(teacher.to_dict("records"), reasons, strict=True) if r]
+    sft = teacher[keep].reset_index(drop=True) if len(teacher) else teacher.copy()
     return sft, excluded
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     v = cfg.validate_
+    # No SFT set survives a gate run that does not pass (the plain CLI as safe as `dvc repro`).
+    paths.sft_data.unlink(missing_ok=True)
     problems = read_parquet(paths.problems)
     eval_problems = read_parquet(paths.eval_problems)
     teacher = read_parquet(paths.teacher_trajectories)
-    eval_ids = sorted(eval_problems["problem_id"].astype(str).unique())
-    sft, _ = sft_rows(teacher, v.success_only)
+    held_out = [eval_problems]  # every held-out set (the benchmark) goes here: training must not repeat it
+    eval_ids = sorted({i for df in held_out for i in _ids(df)})
+    held_content = sorted({k for df in held_out for k in _content_keys(df)})
+    families = _families(problems, eval_problems, teacher)
+
+    sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
     # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
     # yields a byte-identical SFT set, and DVC does not retrain SFT (10 min on CPU) for nothing.
     sft = sft.drop(columns=["wall_s"], errors="ignore")
 
     checks = [
-        ("problems", problems, "problems", {"splits": ["train"], "forbidden_ids": eval_ids}),
-        ("problems", eval_problems, "eval_problems", {"splits": ["eval", "test"], "forbidden_ids": []}),
-        ("trajectories", teacher, "teacher trajectories",
+        ("problems", problems, _rel(paths.problems, paths),
+         {"splits": ["train"], "forbidden_ids": eval_ids, "forbidden_content": held_content, "families": families}),
+        ("problems", eval_problems, _rel(paths.eval_problems, paths),
+         {"splits": ["eval", "test"], "forbidden_ids": [], "forbidden_content": [], "families": families}),
+        ("trajectories", teacher, _rel(paths.teacher_trajectories, paths),
          {"max_truncation_rate": v.max_truncation_rate, "min_success_rate": v.min_success_rate,
-          "eval_problem_ids": eval_ids}),
-        ("sft_data", sft, "sft set",
-         {"allowed_success": [True] if v.success_only else [True, False], "eval_problem_ids": eval_ids}),
+          "eval_problem_ids": eval_ids, "train_problem_ids": _ids(problems), "families": families,
+          "max_message_chars": v.max_message_chars}),
+        ("sft_data", sft, f"sft set (from {_rel(paths.teacher_trajectories, paths)})",
+         {"allowed_success": [True] if v.success_only else [True, False], "eval_problem_ids": eval_ids,
+          "max_message_chars": v.max_message_chars}),
     ]
     results = [gates.check(df, suite, params, table=name)
                for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
-    html_path, json_path = paths.reports / "gate.html", paths.reports / "gate.json"
-    gates.write_reports(results, html_path, json_path, f"Data gate, iteration {paths.iteration}")
+    html_path, json_path = paths.reports / "gate.html", paths.gate_record
+    passed = all(r.success for r in results)
+    if passed:
+        write_parquet(sft, paths.sft_data)
+    gates.write_reports(results, html_path, json_path, f"Data gate, iteration {paths.iteration}",
+                        excluded=excluded, sft_path=paths.sft_data if passed else None)
     print("\n".join(r.summary() for r in results))
+    if excluded:
+        counts = ", ".join(f"{k}: {n}" for k, n in gates.reason_counts(excluded).items())
+        print(f"{len(excluded)} of {len(teacher)} teacher episodes excluded from the SFT set ({counts}); "
+              f"each is listed in {html_path}")
     gates.raise_if_failed(results, html_path)
-    write_parquet(sft, paths.sft_data)
     return {"passed": True, "problems": len(problems), "eval_problems": len(eval_problems),
-            "teacher_rows": len(teacher), "sft_rows": len(sft),
+            "teacher_rows": len(teacher), "sft_rows": len(sft), "sft_excluded": len(excluded),
+            "sft_excluded_by_reason": gates.reason_counts(excluded),
             "teacher_success_rate": float(teacher["success"].mean()),
             "truncation_rate": float(teacher["truncated"].mean()),
             "report": str(html_path)}
+
+
+def sft_rows(teacher: pd.DataFrame, success_only: bool,
+             max_message_chars: int | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The SFT set and how many teacher rows each reason excluded (what the iteration report shows)."""
+    from collections import Counter
+
+    from apprentice.config import ValidateConfig
+
+    limit = ValidateConfig().max_message_chars if max_message_chars is None else max_message_chars
+    sft, excluded = select_sft(teacher, success_only, limit)
+    return sft, dict(Counter(str(e["reason"]) for e in excluded))

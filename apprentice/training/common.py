@@ -391,10 +391,19 @@ def split_timings(src: Path, metrics_out: Path, timings_out: Path) -> None:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in timed))
 
 
-def fingerprint(params: Any, inputs: Iterable[Path]) -> dict[str, Any]:
-    """What a stage's output depends on: its params and the content (size, sha256) of each input
-    file/model folder. Content, not mtime: the stamp is part of a DVC-tracked output, so two clean
-    runs with the same inputs must write the same bytes (a few seconds of hashing per model folder)."""
+def fingerprint(params: Any, inputs: Iterable[Path], code_of: Iterable[str] | None = None) -> dict[str, Any]:
+    """What a stage's output depends on: its params, the content (size, sha256) of each input file/model folder (content, not
+    mtime: the stamp is part of a DVC-tracked output, so two clean runs must write the same bytes), and
+    the code it runs: the import closure of ``code_of`` (default: the calling stage's module) and the
+    third-party versions (:func:`apprentice.codedeps.digest`), so the plain CLI, like ``dvc repro``,
+    retrains after a change to that code or a library upgrade."""
+    import sys
+
+    from apprentice import codedeps
+
+    if code_of is None:  # the stage module that asks (apprentice.stages.sft, ...)
+        code_of = [sys._getframe(1).f_globals.get("__name__", "apprentice.training.common")]
+    code = codedeps.digest(*(m for m in code_of if m.startswith("apprentice")))
     def describe(p: Path) -> list[Any]:
         p = Path(p)
         if p.is_dir():
@@ -404,7 +413,7 @@ def fingerprint(params: Any, inputs: Iterable[Path]) -> dict[str, Any]:
             return [p.stat().st_size, _file_digest(p)]
         return ["missing"]
 
-    blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}},
+    blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}, "code": code},
                       sort_keys=True, default=str)
     return {"fingerprint": hashlib.sha256(blob.encode()).hexdigest()[:16]}
 

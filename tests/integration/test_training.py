@@ -82,6 +82,11 @@ def _write_data(paths: Paths, n: int = 4) -> None:
     trajs = run_episodes(problems, OraclePolicy(), progress=False)
     assert all(t.success for t in trajs)
     write_parquet(trajectories_frame(trajs), paths.sft_data)
+    from apprentice import (
+        gates,  # the gate record sft/distill require (oracle episodes: clean by construction)
+    )
+
+    gates.write_reports([], paths.reports / "gate.html", paths.gate_record, "fixture", sft_path=paths.sft_data)
 
 
 def _changed(model_dir: str | Path, reference: str | Path) -> int:

@@ -43,16 +43,30 @@ RL_ONLY = ObjectiveMixer(total_steps=1, opd_start=0.0, opd_end=0.0, rl_start=1.0
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """GRPO's advantages: reward minus its group mean, divided by the group std (+eps). A group whose
-    rewards are all equal gets advantage 0 (no signal), as in GRPO."""
+    """GRPO's advantages as TRL's ``GRPOTrainer`` computes them (``scale_rewards="group"``): reward minus
+    its group mean, divided by the group's *sample* std (Bessel-corrected, TRL's ``nanstd``) + 1e-4.
+    For rewards [1, 0] that is +-0.707, not +-1. A group whose rewards are all equal gets advantage 0
+    (no signal), as in GRPO; a group of one (no std defined) also gets 0."""
     rewards = rewards.float()
     out = torch.zeros_like(rewards)
     for g in torch.unique(group_ids):
         sel = group_ids == g
         r = rewards[sel]
-        std = r.std(unbiased=False) if r.numel() > 1 else torch.tensor(0.0)
+        std = r.std(unbiased=True) if r.numel() > 1 else torch.tensor(0.0)
         out[sel] = (r - r.mean()) / (std + eps)
     return out
+
+
+def token_share(n_tokens: int | torch.Tensor, num_items_in_batch: int | torch.Tensor | None) -> float | torch.Tensor:
+    """Factor turning a per-micro-batch token *mean* into TRL's normalisation: the micro-batch's token sum
+    divided by ``num_items_in_batch`` (the loss tokens of the whole accumulation window, all processes,
+    as TRL's ``DistillationTrainer`` passes it). Summed over the window's micro-batches that is the mean
+    over every token of the window, whatever the grad-accumulation steps and micro-batch sizes; without
+    ``num_items_in_batch`` (evaluation) the micro-batch mean stays (factor 1)."""
+    if num_items_in_batch is None:
+        return 1.0
+    return n_tokens / (num_items_in_batch.clamp(min=1) if isinstance(num_items_in_batch, torch.Tensor)
+                       else max(float(num_items_in_batch), 1.0))
 
 
 def policy_gradient_loss(token_logps: torch.Tensor, token_advantages: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from apprentice.envs import Environment, ProblemSpec
 from apprentice.envs.base import derive_seed
 from apprentice.policies.hf import HFPolicy
 from apprentice.rollout import run_episodes
-from apprentice.training.opd.annealing import group_advantages, policy_gradient_loss
+from apprentice.training.opd.annealing import group_advantages, policy_gradient_loss, token_share
 from apprentice.training.opd.losses import chunked_per_token_divergence
 from apprentice.training.opd.mixed import (
     MixedPolicy,
@@ -160,7 +160,8 @@ class OPDTrainer(DistillationTrainer):
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
         groups = torch.tensor([specs.index(ProblemSpec.from_json(t.spec)) for t in trajs])
         out["advantages"] = group_advantages(rewards, groups).to(device)
-        out["num_items_in_batch"] = out["tool_mask"].sum()
+        # as TRL counts it: loss tokens of the whole generation batch, over all processes (gathered)
+        out["num_items_in_batch"] = self.accelerator.gather((out["completion_mask"] * out["tool_mask"]).sum()).sum()
         return out
 
     # -- loss ----------------------------------------------------------------------------------------
@@ -190,7 +191,10 @@ class OPDTrainer(DistillationTrainer):
         turn = inputs["turn_index"].reshape(-1)[sel]
         turn_ids = episode * 10_000 + turn  # unique per (episode, turn) in this batch
         w = loss_weights(turn_ids, div.detach(), self.recipe.weighting, self.recipe.sod_alpha)
-        loss_opd = (div * w.to(div.dtype)).sum() if div.numel() else hs.sum() * 0.0
+        # w sums to 1 over this micro-batch; token_share rescales to TRL's sum / num_items_in_batch, so the
+        # loss is right under gradient accumulation and several processes (issue G)
+        share = token_share(div.numel(), num_items_in_batch)
+        loss_opd = (div * w.to(div.dtype)).sum() * share if div.numel() else hs.sum() * 0.0
 
         step = int(self.state.global_step)
         w_opd, w_rl = self.recipe.mixer.weights(step)
@@ -200,7 +204,7 @@ class OPDTrainer(DistillationTrainer):
             logits = s_head(hs).float()
             logps = selective_log_softmax(logits, comp.reshape(-1)[sel])
             adv = inputs["advantages"].view(B, 1).expand(B, K).reshape(-1)[sel]
-            loss_rl = policy_gradient_loss(logps, adv)
+            loss_rl = policy_gradient_loss(logps, adv) * share
             loss = loss + w_rl * loss_rl
 
         m = self._metrics["train" if unwrapped_student.training else "eval"]

@@ -1,0 +1,115 @@
+"""Issue G: every private library method we override or call is pinned, and its contract checked here.
+
+If one of these fails after a version bump, the override in question must be re-read against the new
+library source before the pin in pyproject.toml (and requirements.lock) moves.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PINNED = ("trl", "transformers")
+
+
+def _pyproject_pins() -> dict[str, str]:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {m.group(1).lower(): m.group(2) for d in deps if (m := re.match(r"([A-Za-z0-9_.-]+)==([^;\s]+)", d))}
+
+
+def _lock() -> dict[str, str]:
+    out = {}
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, ver = line.split("==", 1)
+            out[name.strip().lower()] = ver.strip()
+    return out
+
+
+def test_overridden_libraries_are_pinned_exactly_and_match_the_lock():
+    from importlib.metadata import version
+
+    pins, lock = _pyproject_pins(), _lock()
+    for lib in PINNED:
+        assert lib in pins, f"pyproject.toml must pin {lib} exactly (==): we override its private methods"
+        assert pins[lib] == lock[lib], f"{lib}: pyproject pins {pins[lib]}, requirements.lock {lock[lib]}"
+        assert version(lib).split("+")[0] == pins[lib].split("+")[0], f"installed {lib} {version(lib)} != pin"
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def _calls(cls, caller: str, callee: str) -> bool:
+    return f"self.{callee}(" in inspect.getsource(getattr(cls, caller))
+
+
+def test_grpo_generate_single_turn_override():
+    """CurriculumGRPOTrainer._generate_single_turn wraps TRL's in autocast (*args, **kwargs)."""
+    from trl import GRPOTrainer
+
+    from apprentice.training.rl import CurriculumGRPOTrainer
+
+    assert "_generate_single_turn" in vars(GRPOTrainer)
+    assert _calls(GRPOTrainer, "_generate", "_generate_single_turn")
+    assert CurriculumGRPOTrainer._generate_single_turn is not GRPOTrainer._generate_single_turn
+
+
+@pytest.fixture(scope="module")
+def distill_cls():
+    from trl.trainer.distillation_trainer import DistillationTrainer
+
+    return DistillationTrainer
+
+
+def test_distillation_generate_and_score_completions_override(distill_cls):
+    """Both our distillers replace it: TRL calls it with the generation batch and splits the dict it returns."""
+    assert _params(distill_cls._generate_and_score_completions) == ["self", "inputs"]
+    assert _calls(distill_cls, "_prepare_inputs", "_generate_and_score_completions")
+    src = inspect.getsource(distill_cls._generate_and_score_completions)
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "num_items_in_batch"):
+        assert f'"{key}"' in src, f"TRL's generation batch no longer carries {key!r}"
+
+
+def test_distillation_generate_and_tokenize_prompts_overrides(distill_cls):
+    assert _params(distill_cls._generate) == ["self", "prompts"]
+    assert _params(distill_cls._tokenize_prompts) == ["self", "prompts"]
+    assert "_generate_single_turn" in vars(distill_cls)
+    assert _calls(distill_cls, "_generate_single_turn", "_tokenize_prompts") or _calls(
+        distill_cls, "_generate", "_tokenize_prompts")
+
+
+def test_distillation_compute_loss_override(distill_cls):
+    """OPDTrainer._compute_loss: called through _forward_redirection with (student, inputs,
+    num_items_in_batch), where num_items_in_batch = the window's loss tokens / processes; returns
+    (loss, entropy_sum, n_valid)."""
+    assert _params(distill_cls._compute_loss) == ["self", "unwrapped_student", "inputs", "num_items_in_batch"]
+    src = inspect.getsource(distill_cls.compute_loss)
+    assert 'inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes' in src
+    assert "loss, entropy_sum, num_valid_tokens = self._forward_redirection(" in src
+    assert "self._compute_loss, unwrapped_student, inputs, num_items_in_batch" in src
+    assert _params(distill_cls._get_last_hidden_state)[:5] == [
+        "self", "unwrapped_model", "input_ids", "attention_mask", "logits_to_keep"]
+
+
+def test_trainer_signature_columns_override():
+    """OPDTrainer._set_signature_columns_if_needed keeps the ``spec`` column TRL would drop."""
+    from transformers import Trainer
+
+    assert _params(Trainer._set_signature_columns_if_needed) == ["self"]
+    assert "self._signature_columns" in inspect.getsource(Trainer._set_signature_columns_if_needed)
+
+
+def test_chunked_divergence_kernel_positional_contract():
+    """losses.chunked_per_token_divergence calls ChunkedDivergenceFunction.apply with 12 positional args."""
+    from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
+
+    names = _params(ChunkedDivergenceFunction.forward)
+    assert names[:1] == ["ctx"] and len(names) - 1 == 12, names
+    assert names[1:9] == ["student_hidden", "student_weight", "student_bias", "teacher_hidden", "teacher_weight",
+                          "teacher_bias", "beta", "temperature"], names
