@@ -218,21 +218,6 @@ def replay(env_cls: type[Environment], spec: ProblemSpec, calls: list[ToolCall])
     return env.get_reward()
 
 
-def content_key(spec: ProblemSpec) -> str:
-    """What a problem *is*, independent of its id: the normalised task text + the oracle plan.
-
-    Two specs with different seeds (hence ids) can render the same task with the same solution
-    (small levels have few distinct states); for leak and duplicate checks that is the same problem.
-    Normalisation: case-folded, whitespace collapsed; the plan as canonical JSON.
-    """
-    from apprentice.envs import FAMILIES  # late: the registry imports this module
-
-    env = FAMILIES[spec.family]()
-    task = " ".join(env.reset(spec=spec).split()).casefold()
-    plan = json.dumps([[c.name, c.arguments] for c in env._oracle()], sort_keys=True, default=str)
-    return hashlib.sha256(f"{spec.family}\n{task}\n{plan}".encode()).hexdigest()
-
-
 def derive_seed(seed: int, *parts: Any) -> int:
     """A new 63-bit seed from ``seed`` and labels, stable across runs, machines and Python versions."""
     text = ":".join(str(p) for p in (seed, *parts))

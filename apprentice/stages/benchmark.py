@@ -10,7 +10,7 @@ synthesized once (its own seed, ``benchmark.seed``, independent of ``pipeline.se
 on the unchanged benchmark is a DVC cache hit.
 
 Never trained on: synthesis of every iteration excludes any training candidate whose *content*
-(task text + oracle plan, :func:`apprentice.envs.base.content_key`) equals a benchmark problem's,
+(task text + oracle plan, :func:`apprentice.dedupe.spec_content_key`) equals a benchmark problem's,
 not only its id; the benchmark itself holds no two problems with the same content.
 """
 
@@ -24,7 +24,8 @@ import pandas as pd
 
 from apprentice.config import Config
 from apprentice.envs import FAMILIES
-from apprentice.envs.base import ProblemSpec, content_key, derive_seed
+from apprentice.dedupe import spec_content_key as content_key
+from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
 from apprentice.trajectories import problems_frame, read_parquet, specs_of, write_parquet
 

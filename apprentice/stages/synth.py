@@ -81,35 +81,6 @@ def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
     return gen
 
 
-def _dedupe_content(specs: dict[str, list[ProblemSpec]], jobs: dict[str, list[tuple[str, int, int]]],
-                    iteration: int, seed: int, tries: int = 50) -> None:
-    """Replace, in place, every problem whose content (task text + oracle plan, :mod:`apprentice.dedupe`)
-    repeats an earlier one: held-out problems are kept first (the evaluation stays as planned), then
-    training problems that repeat a held-out one or an earlier training one are regenerated at the
-    same family and level from derived seeds. Different seeds can build the same small episode."""
-    seen: set[str] = set()
-    for split in ("eval", "train"):
-        for i, (family, level, s) in enumerate(jobs[split]):
-            key = dedupe.spec_content_key(specs[split][i])
-            attempt = 0
-            while key in seen:
-                attempt += 1
-                if attempt > tries:
-                    raise RuntimeError(
-                        f"synth: {split} problem {i} ({family}, level {level}) repeats the content of another "
-                        f"problem in {tries} reseeds; this family has too few distinct problems at this level "
-                        "for synth.n_train + synth.n_eval: lower them or add levels to synth.levels")
-                s = derive_seed(seed, iteration, split, i, "content-dedupe", attempt)
-                specs[split][i] = _generator(family)(s, level)
-                key = dedupe.spec_content_key(specs[split][i])
-            jobs[split][i] = (family, level, s)
-            seen.add(key)
-
-
-#: curriculum keys synthesis does not read (it takes its sampler from synth.sampler).
-SELECTION_EXCLUDE = {"evolve", "sampler", "advance_threshold"}
-
-
 def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
     """Iteration k-1's held-out episodes of the model training continues from (promote.candidate;
     else the most-trained model evaluated), or None in iteration 1."""

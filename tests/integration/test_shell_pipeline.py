@@ -25,12 +25,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.skipif(not OK, reason=f"no Do
 def _cfg(base: str) -> Config:
     return Config.model_validate({
         "model": {"base": base},
-        "synth": {"families": ["shell"], "n_train": 4, "n_eval": 2, "levels": [0, 1], "seed": 5},
+        "synth": {"families": ["shell"], "n_train": 4, "levels": [0, 1], "seed": 5}, "benchmark": {"n": 2},
         "evaluate": {"max_new_tokens": 48, "batch_size": 2, "samples_per_problem": 1},
     })
 
 
 def _through_the_stages(cfg: Config, paths: Paths) -> dict:
+    from apprentice.stages import benchmark
+
+    benchmark.run(cfg, paths)
     s = synth.run(cfg, paths)
     assert s["counts"]["train"] == {"shell": {"0": 2, "1": 2}}
     t = rollout.run(cfg, paths, progress=False)

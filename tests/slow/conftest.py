@@ -29,7 +29,7 @@ POOL = "apprentice-local"  # prefect.yaml's work pool
 #: The quick profile, shorter still, over two iterations: iteration 2 registers version 2, so the
 #: registry shows both aliases and the report a champion trend.
 FAST = {"model": {"base": "models/tiny"},
-        "synth": {"n_train": 12, "n_eval": 8, "levels": [0]},
+        "synth": {"n_train": 12, "levels": [0]}, "benchmark": {"n": 8},
         "sft": {"max_steps": 2, "batch_size": 4, "save_steps": 1},
         "rl": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 32,
                "probe_samples": 0, "save_steps": 1},

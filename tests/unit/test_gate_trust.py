@@ -222,10 +222,13 @@ def test_default_synth_plan_emits_no_content_duplicates(tmp_path):
     seed) in training and repeat task texts within training; synthesis now regenerates them."""
     from apprentice.stages import synth
 
+    from apprentice.stages import benchmark
+
     cfg = _cfg()
     paths = Paths(tmp_path, 1)
+    benchmark.run(cfg, paths)
     synth.run(cfg, paths)
     train, ev = pd.read_parquet(paths.problems), pd.read_parquet(paths.eval_problems)
-    assert len(train) == cfg.synth.n_train and len(ev) == cfg.synth.n_eval
+    assert len(train) == cfg.synth.n_train and len(ev) == cfg.benchmark.n
     assert find_content_duplicates(ev) == {}
     assert find_content_duplicates(train, against=[ev]) == {}

@@ -11,7 +11,7 @@ import pytest
 from apprentice.config import Config
 from apprentice.envs import FAMILIES, replay
 from apprentice.paths import Paths
-from apprentice.envs.base import content_key
+from apprentice.dedupe import spec_content_key as content_key
 from apprentice.stages import benchmark, synth
 from apprentice.trajectories import PROBLEM_COLUMNS, specs_of
 
