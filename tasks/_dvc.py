@@ -42,7 +42,7 @@ class StageContext:
 
 #: JSON files a stage writes whose flat numbers are logged as run metrics (relative to the workdir).
 _RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "evolve": ["data/iter_{k}/evolve.json"], "promote": ["reports/iter_{k}/promotion.json"],
-                 "evaluate": ["data/benchmark/eval/{p}.json".format(p=p) if p in dvcgen.ONCE_POLICIES
+                 "evaluate": [f"data/benchmark/eval/{p}.json" if p in dvcgen.ONCE_POLICIES
                               else f"data/iter_{{k}}/eval/{p}.json" for p in dvcgen.EVAL_POLICIES],
                  "sft": ["reports/iter_{k}/sft_start.json"], "benchmark": ["data/benchmark/benchmark.json"]}
 #: Result-file strings logged as run tags (numbers go to metrics): e.g. the model SFT started from.

@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 
 from apprentice.config import Config
-from apprentice.envs import FAMILIES
 from apprentice.dedupe import spec_content_key as content_key
+from apprentice.envs import FAMILIES
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
 from apprentice.trajectories import problems_frame, read_parquet, specs_of, write_parquet

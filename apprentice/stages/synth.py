@@ -81,6 +81,10 @@ def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
     return gen
 
 
+#: curriculum keys synthesis does not read (it takes its sampler from synth.sampler).
+SELECTION_EXCLUDE = {"evolve", "sampler", "advance_threshold"}
+
+
 def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
     """Iteration k-1's held-out episodes of the model training continues from (promote.candidate;
     else the most-trained model evaluated), or None in iteration 1."""

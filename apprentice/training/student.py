@@ -77,8 +77,8 @@ def block_similarity(teacher: Any, batches: list[torch.Tensor], n_drop: int) -> 
     count = 0
     for ids in batches:
         hs = teacher(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
-        cos = [float(torch.nn.functional.cosine_similarity(hs[l].float(), hs[l + n_drop].float(), dim=-1).sum())
-               for l in range(len(hs) - n_drop)]
+        cos = [float(torch.nn.functional.cosine_similarity(hs[i].float(), hs[i + n_drop].float(), dim=-1).sum())
+               for i in range(len(hs) - n_drop)]
         sums = cos if not sums else [a + b for a, b in zip(sums, cos, strict=True)]
         count += hs[0].shape[0] * hs[0].shape[1]
     teacher.train(was)
@@ -91,8 +91,8 @@ def block_layers(similarity: list[float], n_layers: int, n_keep: int) -> list[in
     n_drop = n_layers - n_keep
     if n_drop <= 0:
         return list(range(n_layers))
-    starts = [l for l in range(1, n_layers - n_drop) if l + n_drop <= n_layers - 1]
-    best = max(starts, key=lambda l: similarity[l])
+    starts = [i for i in range(1, n_layers - n_drop) if i + n_drop <= n_layers - 1]
+    best = max(starts, key=lambda i: similarity[i])
     return [i for i in range(n_layers) if not best <= i < best + n_drop]
 
 

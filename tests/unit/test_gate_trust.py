@@ -220,9 +220,7 @@ def test_content_duplicates_found_across_and_within_sets(base):
 def test_default_synth_plan_emits_no_content_duplicates(tmp_path):
     """The default plan used to put a held-out grid problem (same task text and oracle plan, another
     seed) in training and repeat task texts within training; synthesis now regenerates them."""
-    from apprentice.stages import synth
-
-    from apprentice.stages import benchmark
+    from apprentice.stages import benchmark, synth
 
     cfg = _cfg()
     paths = Paths(tmp_path, 1)

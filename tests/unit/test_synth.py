@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from apprentice.config import Config
+from apprentice.dedupe import spec_content_key as content_key
 from apprentice.envs import FAMILIES, replay
 from apprentice.paths import Paths
-from apprentice.dedupe import spec_content_key as content_key
 from apprentice.stages import benchmark, synth
 from apprentice.trajectories import PROBLEM_COLUMNS, specs_of
 
