@@ -86,7 +86,7 @@ class SandboxLimits:
             v = os.environ.get(f"APPRENTICE_SANDBOX_{f.name.upper()}")
             if v is not None:
                 try:
-                    kw[f.name] = type(f.default)(v)
+                    kw[f.name] = type(f.default)(v)  # type: ignore[misc]  # fields with plain defaults
                 except ValueError:
                     raise SandboxError(f"APPRENTICE_SANDBOX_{f.name.upper()}={v!r} is not a valid "
                                        f"{type(f.default).__name__}") from None

@@ -63,13 +63,13 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         shards.check_writable(out_dir)  # before any episode runs
         built: list[Any] = []  # local engine: one policy for every shard; ray: each actor builds its own
 
-        def policy() -> Any:
+        def make_policy() -> Any:
             if not built:
                 built.append(build_policy(pol_cfg, cfg, paths))
             return built[0]
 
         def chunk(rows: Any, seed: int) -> list[Any]:
-            return distributed.run_episodes(rows, policy, engine=cfg.rollout.engine, ray=cfg.ray,
+            return distributed.run_episodes(rows, make_policy, engine=cfg.rollout.engine, ray=cfg.ray,
                                 samples_per_problem=ec.samples_per_problem,
                                 batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed,
                                 policy_id=name, max_format_errors=ec.max_format_errors)

@@ -149,13 +149,13 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         shards.check_writable(target.parent)  # before any episode runs
         built: list[Any] = []  # local engine: one policy for every shard; ray: each actor builds its own
 
-        def policy() -> Any:
+        def make_policy() -> Any:
             if not built:
                 built.append(build_policy(pol_cfg, cfg, paths))
             return built[0]
 
         def chunk(rows: pd.DataFrame, seed: int) -> list[Any]:
-            return distributed.run_episodes(rows, policy, engine=rc.engine, ray=cfg.ray,
+            return distributed.run_episodes(rows, make_policy, engine=rc.engine, ray=cfg.ray,
                                             samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
                                             batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed)
 

@@ -186,7 +186,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         specs = [specs[i] for i in keep]
         jobs = [jobs[i] for i in keep]
     turns: dict[str, dict[str, list[int]]] = {}  # oracle plan lengths of the problems kept
-    for (family, level, _), spec in zip(jobs, specs, strict=True):
+    for (family, level, _seed), spec in zip(jobs, specs, strict=True):
         turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
     ids = [s.problem_id for s in specs]
     assert len(set(ids)) == len(ids), "synth: duplicate problem ids; change synth.seed"

@@ -121,14 +121,14 @@ class ApprenticeSFTTrainer(SFTTrainer):
                      num_items_in_batch: Any = None) -> Any:
         from apprentice.training.packing import compact_nll
 
-        if return_outputs or self.args.loss_type != "nll" or self.label_smoother is not None:
+        if return_outputs or getattr(self.args, "loss_type", "nll") != "nll" or self.label_smoother is not None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         nll, st = compact_nll(model, inputs)
         denom = st["n"] if num_items_in_batch is None else num_items_in_batch
         loss = nll / torch.as_tensor(denom).clamp(min=1)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if model.training else "eval"
         n = max(int(st["n"]), 1)
         self._metrics[mode]["entropy"].append(float(st["entropy_sum"]) / n)
         self._metrics[mode]["mean_token_accuracy"].append(float(st["correct"]) / n)
