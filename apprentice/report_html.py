@@ -304,8 +304,8 @@ def _curves(cv: dict[str, list[dict[str, Any]]]) -> str:
                                   "y": {"field": "value", "type": "quantitative", "scale": {"zero": False},
                                         "title": None}}},
             "resolve": {"scale": {"y": "independent"}}}) if values else ""
-        last = rows[-1]
-        summary = ", ".join(f"{k} {_f(last.get(k), '.4g')}" for k in metrics if k in last)
+        last = {k: r[k] for r in rows for k in metrics if k in r}  # each metric's last logged value
+        summary = ", ".join(f"{k} {_f(last[k], '.4g')}" for k in metrics if k in last)
         cols = ["step", *sorted({k for r in rows for k in r} - {"step"})]
         table = _table(cols, [[_f(r.get(c), ".4g") for c in cols] for r in rows], left=0)
         out.append(f"<h3>{_e(stage)} <span class='muted'>({len(rows)} logged steps; last: {summary})</span></h3>"
@@ -417,8 +417,13 @@ def _lineage(data: dict[str, Any]) -> str:
         out.append('<p class="muted">No MLflow run ids: this report was built outside the Prefect flow '
                    "(plain <code>dvc repro</code> or the CLI). <code>make run</code> records them.</p>")
     if data["dvc"]:
-        rows = [[_e(s), _e(k), f"<code>{_e(p)}</code>", f"<code>{_e(m)}</code>"] for s, k, p, m in data["dvc"]]
-        out.append("<h3>DVC hashes (dvc.lock)</h3>" + _table(["stage", "kind", "path", "md5"], rows, left=4))
+        def rows(kind: str) -> list[list[str]]:
+            return [[_e(s), f"<code>{_e(p)}</code>", f"<code>{_e(m)}</code>"] for s, k, p, m in data["dvc"] if k == kind]
+
+        out.append("<h3>DVC hashes (dvc.lock): what each stage produced</h3>"
+                   + _table(["stage", "output", "md5"], rows("out"), left=3)
+                   + "<details><summary>and what each stage read</summary>"
+                   + _table(["stage", "input", "md5"], rows("dep"), left=3) + "</details>")
     else:
         out.append(_missing("dvc.lock entries", "Stages run through <code>dvc repro</code> record them."))
     return "".join(out)

@@ -101,7 +101,7 @@ def deployed(tmp_path_factory):
             first = run_deployment("self-improve/nightly", timeout=0)
             t0, states = time.time(), {"first": [], "second": []}
             while client.read_flow_run(first.id).state.type.value != "RUNNING":  # type: ignore[union-attr]
-                assert time.time() - t0 < 300, f"the worker never started the run:\n{(logs / 'worker.log').read_text()[-3000:]}"
+                assert time.time() - t0 < 1200, f"the worker never started the run:\n{(logs / 'worker.log').read_text()[-3000:]}"
                 time.sleep(1)
             second = run_deployment("self-improve/nightly", timeout=0)
             overlap = False
