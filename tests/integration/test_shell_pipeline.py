@@ -56,6 +56,7 @@ def _no_running_sandbox_but_the_pool() -> bool:
     return len(running) <= sb.SandboxLimits().pool_size
 
 
+@pytest.mark.timeout(1500)  # a loaded 2-core box spends minutes importing TRL and GX
 def test_shell_problems_through_synth_oracle_validate_evaluate(tmp_path, tiny_model_dir):
     _through_the_stages(_cfg(tiny_model_dir), Paths(tmp_path, 1))
     import gc
