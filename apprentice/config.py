@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -64,11 +64,13 @@ class SynthConfig(Section):
     @field_validator("families")
     @classmethod
     def _known_families(cls, v: list[str]) -> list[str]:
-        from apprentice.envs import FAMILIES
+        from apprentice.envs import resolve
 
-        bad = [f for f in v if f not in FAMILIES]
-        if bad:
-            raise ValueError(f"unknown environment families {bad}; choose from {sorted(FAMILIES)}")
+        for f in v:  # registers adapter (rg_*, toytext_*) and entry-point families on first use
+            try:
+                resolve(f)
+            except ImportError as e:
+                raise ValueError(f"environment family '{f}' needs a package that is not installed: {e}") from None
         if not v:
             raise ValueError("list at least one environment family")
         return v
@@ -258,6 +260,13 @@ class CurriculumConfig(Section):
         return v
 
 
+class EnvsConfig(Section):
+    modules: list[str] = Field(
+        default_factory=list, description="Python modules that register environment families (imported when "
+        "the config loads, so every stage and subprocess sees them), e.g. [my_pkg.my_env]. Installed packages "
+        "can instead declare an 'apprentice.envs' entry point.")
+
+
 class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
     model: ModelConfig = ModelConfig()
@@ -272,7 +281,20 @@ class Config(Section):
     lineage: LineageConfig = LineageConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
 
+    envs: EnvsConfig = EnvsConfig()
+
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_env_modules(cls, data: Any) -> Any:
+        """Import ``envs.modules`` first: the families they register are then known to ``synth.families``."""
+        mods = ((data or {}).get("envs") or {}).get("modules") if isinstance(data, dict) else None
+        if mods:
+            from apprentice.envs import load_modules
+
+            load_modules([str(m) for m in mods] if isinstance(mods, list) else [str(mods)])
+        return data
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
