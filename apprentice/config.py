@@ -71,6 +71,8 @@ class SynthConfig(Section):
                 resolve(f)
             except ImportError as e:
                 raise ValueError(f"environment family '{f}' needs a package that is not installed: {e}") from None
+            except ValueError as e:
+                raise ValueError(f"unknown environment families ['{f}']: {e}") from None
         if not v:
             raise ValueError("list at least one environment family")
         return v
