@@ -34,7 +34,11 @@ STAGES = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m apprentice", description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=sorted(STAGES), help="stage to run")
+    p.add_argument("stage", choices=sorted([*STAGES, "check-env"]),
+                   help="stage to run (or check-env FAMILY: check an environment family against the protocol)")
+    p.add_argument("family", nargs="?", default=None, help="(check-env) the environment family to check")
+    p.add_argument("--levels", default="0,1,2", help="(check-env) levels to check, comma-separated")
+    p.add_argument("--seeds", type=int, default=3, help="(check-env) seeds per level")
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--profile", default=None, help="profile to merge over the params (e.g. quick)")
     p.add_argument("--iter", type=int, default=1, dest="iteration", help="iteration number k (default 1)")
@@ -93,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.stage == "check-env":  # not a stage: nothing is written
+        if not args.family:
+            print("error: check-env needs a family, e.g. python -m apprentice check-env grid", file=sys.stderr)
+            return 2
+        from apprentice.envs.check import check_family
+
+        levels = [int(x) for x in args.levels.split(",") if x.strip()]
+        return 1 if check_family(args.family, levels, args.seeds) else 0
     paths = Paths(Path(args.root).resolve(), args.iteration)
     module = importlib.import_module(f"apprentice.stages.{STAGES[args.stage]}")
     extra = {k: v for k, v in (("policy", args.policy), ("out", args.out)) if v is not None}

@@ -63,11 +63,15 @@ class SynthConfig(Section):
     @field_validator("families")
     @classmethod
     def _known_families(cls, v: list[str]) -> list[str]:
-        from apprentice.envs import FAMILIES
+        from apprentice.envs import resolve
 
-        bad = [f for f in v if f not in FAMILIES]
-        if bad:
-            raise ValueError(f"unknown environment families {bad}; choose from {sorted(FAMILIES)}")
+        for f in v:  # registers adapter (rg_*, toytext_*) and entry-point families on first use
+            try:
+                resolve(f)
+            except ImportError as e:
+                raise ValueError(f"environment family '{f}' needs a package that is not installed: {e}") from None
+            except ValueError as e:
+                raise ValueError(f"unknown environment families ['{f}']: {e}") from None
         if not v:
             raise ValueError("list at least one environment family")
         return v
@@ -337,6 +341,12 @@ class GPUConfig(Section):
     accelerate_config: Literal["zero3", "fsdp"] = Field("zero3", description="apprentice/accelerate/<name>.yaml")
     num_processes: int = Field(1, ge=1, description="GPUs (processes) accelerate launches.")
 
+class EnvsConfig(Section):
+    modules: list[str] = Field(
+        default_factory=list, description="Python modules that register environment families (imported when "
+        "the config loads, so every stage and subprocess sees them), e.g. [my_pkg.my_env]. Installed packages "
+        "can instead declare an 'apprentice.envs' entry point.")
+
 
 class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
@@ -355,6 +365,8 @@ class Config(Section):
     ray: RayConfig = RayConfig()
     gpu: GPUConfig = GPUConfig()
 
+    envs: EnvsConfig = EnvsConfig()
+
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
     @model_validator(mode="after")
@@ -372,6 +384,17 @@ class Config(Section):
     @property
     def benchmark_levels(self) -> list[int]:
         return list(self.benchmark.levels or self.synth.levels)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_env_modules(cls, data: Any) -> Any:
+        """Import ``envs.modules`` first: the families they register are then known to ``synth.families``."""
+        mods = ((data or {}).get("envs") or {}).get("modules") if isinstance(data, dict) else None
+        if mods:
+            from apprentice.envs import load_modules
+
+            load_modules([str(m) for m in mods] if isinstance(mods, list) else [str(mods)])
+        return data
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -147,8 +147,13 @@ def _leaf_keys(raw: dict[str, Any], dotted: str) -> list[str]:
 EXCLUDE = ("curriculum.evolve",)
 
 
+#: every stage that builds environments also runs the plugin modules params list (envs.modules)
+ENV_STAGES = ("synth", "evolve", "teacher-rollout", "validate", "rl", "distill", "evaluate")
+
+
 def _params(raw: dict[str, Any], stage: str) -> list[str]:
-    keys = [k for entry in PARAMS[stage] for k in _leaf_keys(raw, entry)]
+    extra = ["envs.modules"] if stage in ENV_STAGES and "envs" in raw else []
+    keys = [k for entry in [*PARAMS[stage], *extra] for k in _leaf_keys(raw, entry)]
     keep = [k for k in keys if stage == "evolve" or k in PARAMS[stage] or not k.startswith(EXCLUDE)]
     return list(dict.fromkeys(keep))  # a key named on its own and inside its section: once
 

@@ -1,6 +1,24 @@
-"""Environment families. ``FAMILIES`` maps a family name to its class; register new ones here."""
+"""Environment families. ``FAMILIES`` maps a family name to its class.
+
+A family gets into ``FAMILIES`` in one of four ways, none of which needs an edit to this package:
+
+* built in (``grid``, ``search``, ``store``), imported below;
+* adapters, registered on first use by name: ``rg_<reasoning-gym dataset>``, ``toytext_frozenlake``,
+  ``toytext_taxi`` (:mod:`apprentice.envs.adapters`);
+* modules listed in ``params.yaml`` under ``envs.modules`` (imported when the config loads, so DVC's
+  and Prefect's subprocesses see them too); the module calls :func:`register` on its class;
+* installed packages declaring an entry point in the group ``apprentice.envs`` (``name = "pkg.mod:Class"``
+  or ``"pkg.mod"``), loaded the first time an unknown family is asked for (:func:`resolve`).
+
+What a family must provide is in :mod:`apprentice.envs.base` (the protocol) and the README section
+"Adding an environment"; ``python -m apprentice check-env FAMILY`` checks it.
+"""
 
 from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterable
 
 from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, replay
 
@@ -12,17 +30,55 @@ def register(cls: type[Environment]) -> type[Environment]:
     return cls
 
 
+ENTRY_POINT_GROUP = "apprentice.envs"
+_entry_points_loaded = False
+
+
+def load_modules(modules: Iterable[str]) -> None:
+    """Import the plugin modules ``modules`` (``envs.modules`` in params): each registers its families."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ValueError(f"environment module '{name}' (envs.modules) cannot be imported: {e}; "
+                             "install it or put its folder on PYTHONPATH") from None
+
+
+def load_entry_points() -> list[str]:
+    """Register the families installed packages declare in the ``apprentice.envs`` entry-point group
+    (once per process); return the names of the entry points loaded."""
+    global _entry_points_loaded
+    from importlib.metadata import entry_points
+
+    if _entry_points_loaded:
+        return []
+    _entry_points_loaded = True
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()  # a module registers itself on import; a class is registered here
+        if inspect.isclass(obj) and issubclass(obj, Environment) and obj.family not in FAMILIES:
+            register(obj)
+        names.append(ep.name)
+    return names
+
+
 def resolve(family: str) -> type[Environment]:
-    """The class of ``family``: a registered family, or an adapter family (``rg_<dataset>``,
-    ``toytext_*``) registered on first use. Raises ``ValueError`` naming the known families."""
+    """The class of ``family``: a registered family, an adapter family (``rg_<dataset>``,
+    ``toytext_*``) registered on first use, or one an installed package declares in the
+    ``apprentice.envs`` entry-point group. Raises ``ValueError`` naming the known families and the fix."""
     if family in FAMILIES:
         return FAMILIES[family]
     if family.startswith(("rg_", "toytext_")):
         from apprentice.envs.adapters import ensure
 
         return ensure(family)
-    raise ValueError(f"unknown environment family '{family}'; known: {sorted(FAMILIES)} "
-                     "(plus rg_<reasoning-gym dataset> and toytext_frozenlake/toytext_taxi)")
+    load_entry_points()
+    if family in FAMILIES:
+        return FAMILIES[family]
+    raise ValueError(f"unknown environment family '{family}'; known: {sorted(FAMILIES)} (plus "
+                     "rg_<reasoning-gym dataset>, toytext_frozenlake, toytext_taxi). A family of your own: list "
+                     f"its module in params.yaml envs.modules, or declare an '{ENTRY_POINT_GROUP}' entry point "
+                     "in its package (README: Adding an environment)")
 
 
 def env_for(spec: ProblemSpec) -> Environment:
@@ -34,8 +90,6 @@ def env_for(spec: ProblemSpec) -> Environment:
 
 
 def _load_builtin() -> None:
-    import importlib
-
     for mod in ("grid", "search", "store", "shell"):
         try:
             importlib.import_module(f"apprentice.envs.{mod}")
@@ -46,4 +100,5 @@ def _load_builtin() -> None:
 
 _load_builtin()
 
-__all__ = ["FAMILIES", "DifficultyAxis", "Environment", "ProblemSpec", "ToolCall", "env_for", "register", "replay", "resolve"]
+__all__ = ["FAMILIES", "DifficultyAxis", "Environment", "ProblemSpec", "ToolCall", "env_for", "load_entry_points", "load_modules",
+           "register", "replay", "resolve"]

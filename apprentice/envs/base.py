@@ -7,11 +7,27 @@ constructor, ``reset(**row) -> str``, public tool methods with Google-style docs
 and a generator that only accepts problems its oracle solves. The same instance serves the rollout
 engine, evaluation and GRPO, so an environment is written once.
 
-Rules for subclasses:
+Rules for subclasses (``python -m apprentice check-env FAMILY`` checks them):
+  * class attributes: ``family`` (unique name), ``axes`` (the difficulty vector: named integer ranges),
+    ``system_prompt``; optionally ``evolution_directions``: ``{"horizon" | "state" | "harness":
+    [(axis, +1 | -1), ...]}``, which axes to move (and which way) to make the family harder in each
+    direction (:mod:`apprentice.envs.evolve`); required only for families in ``curriculum.evolve.families``;
+  * ``_build(spec) -> str`` builds all episode state from the spec and returns the task text;
+    ``_oracle() -> list[ToolCall]`` the privileged solution from the fresh state; ``_turn_budget()`` the
+    assistant turns allowed (>= the oracle's length);
   * tool methods are the *only* public methods besides ``reset`` and ``get_reward``; everything else
-    is ``_private`` or a classmethod/staticmethod (TRL exposes every public bound method as a tool);
-  * tools return a short observation string and never raise on bad input (bad input is an
-    observation the agent can recover from);
+    is ``_private`` or a classmethod/staticmethod (TRL exposes every public bound method as a tool).
+    Each has typed arguments and a Google-style docstring with an ``Args:`` section (the JSON schema
+    the model sees is built from them);
+  * tools return a short observation string and never raise on bad input: bad input is an
+    observation starting with ``Error`` (the rollout engine counts those as ``tool_errors``, the data
+    gate keeps such episodes out of SFT data), which the agent can recover from;
+  * rewards: ``self.reward`` in [0, 1]; an episode counts as solved at exactly 1.0 (``success``).
+    Partial credit below 1.0 is allowed (GRPO uses the value, SFT and evaluation only ``success``); set
+    ``self.done = True`` when the episode ends (solved or irrecoverably lost);
+  * determinism: all randomness comes from ``spec.rng()`` (or seeds derived from ``spec.seed``);
+    third-party generators (NumPy, gymnasium, reasoning-gym) get a seed derived from the spec, never
+    the global RNG, so the same spec gives the same bytes in every process;
   * ``reset`` rebuilds *all* state: TRL pools and reuses instances.
 """
 
@@ -100,6 +116,8 @@ class DifficultyAxis:
 
 
 _NOT_TOOLS = {"reset", "get_reward"}
+#: the keys of an OpenAI tool's ``function`` object (anything else is rejected by strict servers)
+_OPENAI_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
 
 class Environment:
@@ -190,8 +208,15 @@ class Environment:
 
     @classmethod
     def tool_schemas(cls) -> list[dict[str, Any]]:
-        """JSON schemas of the tools, built from signatures + docstrings exactly as TRL does."""
-        return [get_json_schema(getattr(cls, n)) for n in cls.tool_names()]
+        """JSON schemas of the tools, built from signatures + docstrings as TRL does, in the strict
+        OpenAI function shape: transformers adds a non-standard ``return`` entry for a documented
+        ``Returns:`` section, which strict OpenAI-compatible servers reject (HTTP 400), so it is dropped."""
+        out = []
+        for n in cls.tool_names():
+            schema = get_json_schema(getattr(cls, n))
+            fn = {k: v for k, v in schema.get("function", {}).items() if k in _OPENAI_FUNCTION_KEYS}
+            out.append({"type": "function", "function": fn})
+        return out
 
     def _execute(self, call: ToolCall) -> str:
         """Execute one tool call; a wrong name or arguments becomes an error observation.

@@ -1,0 +1,148 @@
+"""``python -m apprentice check-env FAMILY``: does a family keep the environment protocol?
+
+Why a checker: a new family (a plugin from ``envs.modules`` or an ``apprentice.envs`` entry point)
+is trusted by every stage without review. This replays what the pipeline will do with it, across
+levels and seeds, before any rollout: generation accepts only oracle-solvable specs, the spec
+round-trips through JSON, the same spec rebuilds the same task and observations in a fresh instance
+(determinism, third-party RNGs included), the oracle earns exactly 1.0 within the turn budget, a bad
+call is an ``Error`` observation and never an exception, rewards stay in [0, 1], and the tool
+schemas are what a strict OpenAI-compatible server accepts. Prints one line per check and the
+rendered schemas; returns the failures (empty = the family is usable).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from apprentice.envs import resolve
+from apprentice.envs.base import _OPENAI_FUNCTION_KEYS, ProblemSpec, ToolCall
+
+
+def _schema_problems(schemas: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for s in schemas:
+        fn = s.get("function", {})
+        name = fn.get("name", "?")
+        if s.get("type") != "function" or not name:
+            out.append(f"tool schema {s} is not {{'type': 'function', 'function': {{'name': ...}}}}")
+        extra = sorted(set(fn) - set(_OPENAI_FUNCTION_KEYS))
+        if extra:
+            out.append(f"tool '{name}': non-standard keys {extra} (strict OpenAI-compatible servers reject them)")
+        params = fn.get("parameters", {})
+        if params.get("type") != "object":
+            out.append(f"tool '{name}': parameters must be a JSON-schema object")
+        if not fn.get("description"):
+            out.append(f"tool '{name}': no description (give the method a docstring)")
+        for arg, p in (params.get("properties") or {}).items():
+            if not p.get("description"):
+                out.append(f"tool '{name}': argument '{arg}' has no description (document it under Args:)")
+    return out
+
+
+def _play(cls: type, spec: ProblemSpec) -> tuple[str, list[str], float, bool, int, int]:
+    """(task, observations, reward, done, oracle calls, turn budget) of the oracle in a fresh instance."""
+    env = cls()
+    task = env.reset(spec=spec)
+    calls = env._oracle()
+    budget = int(env._turn_budget())
+    obs = []
+    for c in calls:
+        if env.done:
+            break
+        obs.append(env._execute(c))
+    return task, obs, float(env.get_reward()), bool(env.done), len(calls), budget
+
+
+def check_family(family: str, levels: Sequence[int] = (0, 1, 2), seeds: int = 3,
+                 echo: Any = print) -> list[str]:
+    """Run every check on ``family``; print progress with ``echo``; return the failures."""
+    failures: list[str] = []
+
+    def fail(msg: str) -> None:
+        failures.append(msg)
+        echo(f"  FAIL {msg}")
+
+    try:
+        cls = resolve(family)
+    except (ValueError, ImportError) as e:
+        fail(str(e))
+        return failures
+    echo(f"family {family}: {cls.__module__}.{cls.__qualname__}")
+    if cls.family != family:
+        fail(f"class attribute family = {cls.family!r}, registered as {family!r}")
+    if not cls.axes:
+        fail("no difficulty axes (class attribute axes)")
+    if not cls.tool_names():
+        fail("no tools (public methods besides reset/get_reward)")
+    schemas = cls.tool_schemas()
+    for p in _schema_problems(schemas):
+        fail(p)
+    from apprentice.envs.evolve import directions_of
+
+    try:
+        dirs = directions_of(family)
+    except ValueError:
+        dirs = None
+    names = {a.name for a in cls.axes}
+    for direction, moves in (dirs or {}).items():
+        for axis, sign in moves:
+            if axis not in names or sign not in (1, -1):
+                fail(f"evolution direction '{direction}' moves ({axis!r}, {sign}): not an axis, or sign not +-1")
+    echo(f"  axes: {', '.join(f'{a.name}[{a.low},{a.high}]' for a in cls.axes)}; "
+         f"evolvable: {'yes ' + json.dumps(dirs) if dirs else 'no (no evolution_directions)'}")
+
+    for level in levels:
+        turns, ok = [], 0
+        for seed in range(seeds):
+            where = f"level {level} seed {seed}"
+            try:
+                spec = cls.generate(seed, level)
+            except Exception as e:  # noqa: BLE001 - report any generator failure as a finding
+                fail(f"{where}: generate raised {type(e).__name__}: {e}")
+                continue
+            if ProblemSpec.from_json(spec.to_json()) != spec or spec.family != family:
+                fail(f"{where}: the spec does not round-trip through JSON")
+                continue
+            if cls.generate(seed, level).to_json() != spec.to_json():
+                fail(f"{where}: generate is not deterministic (same seed, level -> different spec)")
+            try:
+                a, b = _play(cls, spec), _play(cls, spec)
+            except Exception as e:  # noqa: BLE001
+                fail(f"{where}: the oracle replay raised {type(e).__name__}: {e}")
+                continue
+            task, obs, reward, done, n_calls, budget = a
+            if a != b:
+                fail(f"{where}: two fresh instances of the same spec differ (task or observations): seed "
+                     "third-party RNGs from the spec, not the global RNG")
+            if not isinstance(task, str) or not task.strip():
+                fail(f"{where}: reset returned no task text")
+            if any(not isinstance(o, str) for o in obs):
+                fail(f"{where}: a tool returned a non-string observation")
+            if reward != 1.0:
+                fail(f"{where}: the oracle earns {reward}, not 1.0")
+            if n_calls > budget:
+                fail(f"{where}: the oracle needs {n_calls} calls but the turn budget is {budget}")
+            env = cls()
+            env.reset(spec=spec)
+            if not 0.0 <= env.get_reward() <= 1.0:
+                fail(f"{where}: reward {env.get_reward()} before any call is outside [0, 1]")
+            try:
+                bad = env._execute(ToolCall("__no_such_tool__", {}))
+                wrong = env._execute(ToolCall(cls.tool_names()[0], {"__bogus__": 1}))
+            except Exception as e:  # noqa: BLE001
+                fail(f"{where}: a bad call raised {type(e).__name__} instead of returning an Error observation")
+            else:
+                for what, o in (("an unknown tool", bad), ("unknown arguments", wrong)):
+                    if not str(o).lstrip().startswith("Error"):
+                        fail(f"{where}: {what} gives {str(o)[:60]!r}; error observations must start with 'Error'")
+            turns.append(n_calls)
+            ok += 1
+        mean = f"{sum(turns) / len(turns):.1f}" if turns else "-"
+        echo(f"  level {level}: {ok}/{seeds} seeds pass, oracle turns {mean}")
+    echo("  tool schemas (what the model and an OpenAI-compatible server see):")
+    for s in schemas:
+        echo("    " + json.dumps(s, sort_keys=True))
+    echo(f"{family}: {'OK' if not failures else f'{len(failures)} problem(s)'}")
+    return failures

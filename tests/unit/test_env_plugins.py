@@ -1,0 +1,132 @@
+"""Issue G: environments anyone can add. The README's example family, registered without editing
+the package (params key in a subprocess, entry point in-process), passes check-env; the shipped
+adapters work in synth.families; every tool schema is what a strict OpenAI-compatible server accepts."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from apprentice import envs
+from apprentice.config import Config, ConfigError, load_config
+from apprentice.envs import FAMILIES, resolve
+from apprentice.envs.base import _OPENAI_FUNCTION_KEYS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Adding an environment", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.fixture
+def families_snapshot(monkeypatch):
+    saved = dict(FAMILIES)
+    monkeypatch.setattr(envs, "_entry_points_loaded", False)
+    yield
+    FAMILIES.clear()
+    FAMILIES.update(saved)
+
+
+def _package(root: Path, pkg: str) -> None:
+    (root / pkg).mkdir(parents=True)
+    (root / pkg / "__init__.py").write_text("")
+    (root / pkg / "counter.py").write_text(_readme_example())
+
+
+def test_readme_example_via_params_key_passes_check_env_in_a_subprocess(tmp_path):
+    _package(tmp_path, "my_envs")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"envs": {"modules": ["my_envs.counter"]},
+                                      "synth": {"families": ["grid", "counter"]}}))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    out = subprocess.run([sys.executable, "-m", "apprentice", "check-env", "counter", "--params", str(params),
+                          "--seeds", "2"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=580)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "counter: OK" in out.stdout and '"name": "add"' in out.stdout
+
+
+def test_readme_example_via_entry_point(tmp_path, monkeypatch, families_snapshot):
+    _package(tmp_path, "ep_envs")
+    dist = tmp_path / "ep_envs-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-envs\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[apprentice.envs]\ncounter = ep_envs.counter:CounterEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    FAMILIES.pop("counter", None)
+    cfg = Config.model_validate({"synth": {"families": ["grid", "counter"]}})  # found through the entry point
+    assert cfg.synth.families == ["grid", "counter"] and resolve("counter").__module__ == "ep_envs.counter"
+    from apprentice.envs.check import check_family
+
+    assert check_family("counter", levels=[0, 3], seeds=2, echo=lambda *_: None) == []
+
+
+def test_check_env_finds_a_broken_family(families_snapshot):
+    from apprentice.envs.base import Environment
+    from apprentice.envs.check import check_family
+
+    class Broken(Environment):  # raises on bad input, returns non-strings, oracle never wins
+        family = "broken_test"
+        axes = FAMILIES["grid"].axes
+
+        def _build(self, spec):
+            return "task"
+
+        def _oracle(self):
+            from apprentice.envs.base import ToolCall
+
+            return [ToolCall("poke", {"x": 1})]
+
+        def _turn_budget(self):
+            return 3
+
+        def poke(self, x: int) -> str:
+            """Poke.
+
+            Args:
+                x: Where.
+            """
+            return "poked"
+
+    FAMILIES["broken_test"] = Broken
+    with pytest.raises(RuntimeError):  # generate refuses: the oracle never solves it
+        Broken.generate(0, 0)
+    found = check_family("broken_test", levels=[0], seeds=1, echo=lambda *_: None)
+    assert any("generate raised RuntimeError" in f for f in found)
+
+
+def test_adapter_families_are_selectable_in_synth(tmp_path):
+    cfg = Config.model_validate({"synth": {"families": ["grid", "toytext_frozenlake", "rg_basic_arithmetic"],
+                                           "n_train": 3, "n_eval": 3, "levels": [0]}})
+    from apprentice.paths import Paths
+    from apprentice.stages import synth
+
+    summary = synth.run(cfg, Paths(tmp_path, 1))
+    assert set(summary["counts"]["train"]) == {"grid", "toytext_frozenlake", "rg_basic_arithmetic"}
+    with pytest.raises(ConfigError, match="envs.modules"):
+        load_config(_write(tmp_path / "p.yaml", {"synth": {"families": ["no_such_family"]}}))
+    with pytest.raises(ConfigError, match="no_such_module"):
+        load_config(_write(tmp_path / "q.yaml", {"envs": {"modules": ["no_such_module"]}}))
+
+
+def _write(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("family", ["grid", "search", "store", "toytext_frozenlake", "toytext_taxi",
+                                    "rg_basic_arithmetic"])
+def test_tool_schemas_are_strict_openai_functions(family):
+    """No non-standard ``return`` key (transformers adds one for a ``Returns:`` docstring section)."""
+    for s in resolve(family).tool_schemas():
+        assert set(s) == {"type", "function"} and s["type"] == "function"
+        assert set(s["function"]) <= set(_OPENAI_FUNCTION_KEYS), s["function"].keys()
+        assert s["function"]["parameters"]["type"] == "object"
