@@ -148,7 +148,7 @@ EXCLUDE = ("curriculum.evolve",)
 
 
 #: every stage that builds environments also runs the plugin modules params list (envs.modules)
-ENV_STAGES = ("synth", "evolve", "teacher-rollout", "validate", "rl", "distill", "evaluate")
+ENV_STAGES = ("benchmark", "synth", "evolve", "teacher-rollout", "validate", "rl", "distill", "evaluate")
 
 
 def _params(raw: dict[str, Any], stage: str) -> list[str]:
