@@ -41,7 +41,9 @@ def _through_the_stages(cfg: Config, paths: Paths) -> dict:
     v = validate.run(cfg, paths)
     assert v["passed"] and v["sft_rows"] == 4
     sft = pd.read_parquet(paths.sft_data)
-    calls = [c["function"]["name"] for m in sft["messages"].iloc[0] for c in (m.get("tool_calls") or [])]
+    msgs = sft["messages"].iloc[0]
+    msgs = json.loads(msgs) if isinstance(msgs, str) else msgs
+    calls = [c["function"]["name"] for m in msgs for c in (m.get("tool_calls") or [])]
     assert calls[-1] == "submit" and set(calls) <= {"run", "write_file", "submit"}
     e = evaluate.run(cfg, paths, policy="base", progress=False)
     metrics = json.loads(Path(e["metrics"]).read_text())
