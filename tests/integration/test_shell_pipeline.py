@@ -19,7 +19,8 @@ from apprentice.paths import Paths
 from apprentice.stages import evaluate, rollout, synth, validate
 
 OK, WHY = sb.engine_available()
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(not OK, reason=f"no Docker engine: {WHY}")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow,  # never run to the end on the loaded session machine: opt-in
+              pytest.mark.skipif(not OK, reason=f"no Docker engine: {WHY}")]
 
 
 def _cfg(base: str) -> Config:
