@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,7 +85,8 @@ def _flat_numbers(path: Path, prefix: str) -> dict[str, float]:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    return {f"{prefix}{k}": v for k, v in lineage.flatten(data).items()
+    # MLflow metric names allow only alphanumerics, _ - . space : / (a gate's table names carry parentheses)
+    return {re.sub(r"[^A-Za-z0-9_\-. :/]", "_", f"{prefix}{k}"): v for k, v in lineage.flatten(data).items()
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 

@@ -242,7 +242,7 @@ def test_deployment_definition_loads():
     from prefect.flows import load_flow_from_entrypoint
 
     spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
-    (dep,) = spec["deployments"]
+    dep = next(d for d in spec["deployments"] if d["name"] == "nightly")
     flow = load_flow_from_entrypoint(str(REPO / dep["entrypoint"].split(":")[0]) + ":" + dep["entrypoint"].split(":")[1])
     flow.validate_parameters(dep["parameters"])
     assert dep["concurrency_limit"] == 1

@@ -178,7 +178,9 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
     from apprentice.training.curriculum import order_by_difficulty
     from apprentice.trajectories import read_parquet
 
-    assert order == order_by_difficulty(read_parquet(paths.problems))["problem_id"].tolist()[2:]
+    ordered = order_by_difficulty(read_parquet(paths.problems))["problem_id"].tolist()
+    # the probe spreads over the order (first and last of 4): the two unprobed problems stay
+    assert sorted(order) == sorted(ordered[1:3])
     assert _changed(paths.rl_model, tiny_model_dir) > 0
 
 

@@ -105,10 +105,11 @@ def test_check_env_finds_a_broken_family(families_snapshot):
 
 def test_adapter_families_are_selectable_in_synth(tmp_path):
     cfg = Config.model_validate({"synth": {"families": ["grid", "toytext_frozenlake", "rg_basic_arithmetic"],
-                                           "n_train": 3, "n_eval": 3, "levels": [0]}})
+                                           "n_train": 3, "levels": [0]}, "benchmark": {"n": 3}})
     from apprentice.paths import Paths
-    from apprentice.stages import synth
+    from apprentice.stages import benchmark, synth
 
+    benchmark.run(cfg, Paths(tmp_path, 1))
     summary = synth.run(cfg, Paths(tmp_path, 1))
     assert set(summary["counts"]["train"]) == {"grid", "toytext_frozenlake", "rg_basic_arithmetic"}
     with pytest.raises(ConfigError, match="envs.modules"):
