@@ -103,7 +103,7 @@ def test_check_env_finds_a_broken_family(families_snapshot):
     assert any("generate raised RuntimeError" in f for f in found)
 
 
-def test_adapter_families_are_selectable_in_synth(tmp_path):
+def test_adapter_families_are_selectable_in_synth(tmp_path, families_snapshot):
     cfg = Config.model_validate({"synth": {"families": ["grid", "toytext_frozenlake", "rg_basic_arithmetic"],
                                            "n_train": 3, "levels": [0]}, "benchmark": {"n": 3}})
     from apprentice.paths import Paths
