@@ -119,3 +119,8 @@ def atomic_path(final: Path) -> Iterator[Path]:
             os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
+
+
+def eval_jsons(eval_dir: Path) -> list[Path]:
+    """The ``<policy>.json`` metrics of an evaluation folder, sorted (not the ``.timings.json`` beside them)."""
+    return sorted(f for f in eval_dir.glob("*.json") if not f.name.endswith(".timings.json"))

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from apprentice.paths import Paths, atomic_path
+from apprentice.paths import Paths, atomic_path, eval_jsons
 
 #: Training stages and the model folder whose ``metrics.jsonl`` holds their per-step logs.
 TRAINING = [("sft", "sft"), ("rl", "rl"), ("distill", "student")]
@@ -90,7 +90,7 @@ def _num(v: Any) -> float | None:
 def evaluations(paths: Paths) -> dict[str, dict[str, Any]]:
     """``{policy: metrics}`` on the benchmark: the base model's (``data/benchmark/eval``, scored once) and
     this iteration's (``data/iter_k/eval/*.json``), in the learning order."""
-    files = [f for d in (paths.benchmark_eval_dir, paths.eval_dir) if d.is_dir() for f in sorted(d.glob("*.json"))]
+    files = [f for d in (paths.benchmark_eval_dir, paths.eval_dir) if d.is_dir() for f in eval_jsons(d)]
     found = {p.stem: _json(p) for p in files}
     order = [p for p in POLICY_ORDER if p in found] + sorted(p for p in found if p not in POLICY_ORDER)
     return {p: found[p] for p in order if found[p]}
@@ -417,13 +417,13 @@ def _lineage(data: dict[str, Any]) -> str:
         out.append('<p class="muted">No MLflow run ids: this report was built outside the Prefect flow '
                    "(plain <code>dvc repro</code> or the CLI). <code>make run</code> records them.</p>")
     if data["dvc"]:
-        def rows(kind: str) -> list[list[str]]:
+        def lock_rows(kind: str) -> list[list[str]]:
             return [[_e(s), f"<code>{_e(p)}</code>", f"<code>{_e(m)}</code>"] for s, k, p, m in data["dvc"] if k == kind]
 
         out.append("<h3>DVC hashes (dvc.lock): what each stage produced</h3>"
-                   + _table(["stage", "output", "md5"], rows("out"), left=3)
+                   + _table(["stage", "output", "md5"], lock_rows("out"), left=3)
                    + "<details><summary>and what each stage read</summary>"
-                   + _table(["stage", "input", "md5"], rows("dep"), left=3) + "</details>")
+                   + _table(["stage", "input", "md5"], lock_rows("dep"), left=3) + "</details>")
     else:
         out.append(_missing("dvc.lock entries", "Stages run through <code>dvc repro</code> record them."))
     return "".join(out)

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from apprentice.config import Config
-from apprentice.paths import Paths, atomic_path
+from apprentice.paths import Paths, atomic_path, eval_jsons
 
 CURVES = {"sft": "sft", "rl": "rl", "distill": "student"}
 TABLE_COLUMNS = ["success_rate", "success_ci_low", "success_ci_high", "mean_reward", "truncation_rate",
@@ -54,7 +54,7 @@ def _chart(df: pd.DataFrame, title: str) -> dict[str, Any]:
 
 def eval_table(eval_dir: Path) -> str:
     """The table of the evaluations in one folder (one row per ``<policy>.json``)."""
-    return _table([(js.stem, js) for js in sorted(eval_dir.glob("*.json"))])
+    return _table([(js.stem, js) for js in eval_jsons(eval_dir)])
 
 
 def _table(files: list[tuple[str, Path]]) -> str:
@@ -75,7 +75,7 @@ def benchmark_table(paths: Paths) -> str:
     files = [("base", f) for f in [paths.benchmark_eval_dir / "base.json"] if f.exists()]
     for j in range(1, paths.iteration + 1):
         d = Paths(paths.root, j).eval_dir
-        known = sorted(d.glob("*.json"), key=lambda f: (_ORDER.index(f.stem) if f.stem in _ORDER else 9, f.stem))
+        known = sorted(eval_jsons(d), key=lambda f: (_ORDER.index(f.stem) if f.stem in _ORDER else 9, f.stem))
         files += [(f"iter {j} {f.stem}", f) for f in known]
     return _table(files)
 

@@ -7,6 +7,7 @@ import os
 from transformers import TrainerControl, TrainerState
 
 from apprentice import progress
+from apprentice.training import loggers
 
 
 def test_quiet_mode_turns_bars_off(monkeypatch):
@@ -20,7 +21,7 @@ def test_quiet_mode_turns_bars_off(monkeypatch):
 
 
 def test_checkpoint_saving_says_how_long_and_the_eta(capsys):
-    cb = progress.CheckpointProgress("sft")
+    cb = loggers.CheckpointProgress("sft")
     state, control = TrainerState(max_steps=10, global_step=4), TrainerControl()
     cb.on_train_begin(None, state, control)
     control.should_save = True
