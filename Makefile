@@ -29,9 +29,9 @@ run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect 
 	$(BIN)/python -m flows.self_improve --profile $(PROFILE)
 
 test: $(STAMP)   ## unit + integration tests (real stack, tiny model); slow ones: make test-slow
-	$(BIN)/python -m pytest -q tests -m "not slow"
+	$(BIN)/python -m pytest -q tests -m "not slow" -n 2 --dist loadfile   # the e2e pipeline file on one worker, the rest beside it
 
-test-slow: $(STAMP)   ## the slow suites (.ci/run runs them after make test): UI in Chromium, deployment + worker, crash kills, Docker, shared stores
+test-slow: $(STAMP)   ## the slow suites (opt-in, not yet in .ci/run): UI in Chromium, deployment + worker, crash kills, Docker, shared stores
 	APPRENTICE_RUN_SLOW=1 APPRENTICE_QUIET=1 $(BIN)/python -m pytest -q -m slow tests
 
 test-unit: $(STAMP)
