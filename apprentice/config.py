@@ -159,7 +159,7 @@ class RLConfig(Section):
     probe_samples: int = Field(4, ge=0, description="Pass-rate probe per problem (0 = no filter).")
     probe_problems: int = Field(16, ge=1)
     save_steps: int = Field(2, ge=1)
-    micro_batch_size: int = Field(4, ge=1, description="Episodes per forward/backward pass (the step's "
+    micro_batch_size: int = Field(2, ge=1, description="Episodes per forward/backward pass (the step's "
                                   "prompts_per_step x num_generations episodes are accumulated in micro-batches: "
                                   "the loss over all 8 at once peaked at 12.6 GB on the default profile).")
     seed: int = 0
