@@ -68,7 +68,8 @@ def test_missing_base_model_under_evaluate_names_the_folder(tmp_path, capsys):
 
     spec = FAMILIES["grid"].make_spec(seed=0, difficulty={"size": 5, "obstacles": 0, "keys": 0, "budget_slack": 2})
     write_parquet(problems_frame([spec], [0], split="eval"), Paths(tmp_path).eval_problems)
-    params = _params(tmp_path, "model:\n  base: models/base\n")
+    # a folder no checkout has (a repo that ran `make run` has models/base, resolved against the cwd)
+    params = _params(tmp_path, "model:\n  base: models/missing-base\n")
     assert main(["evaluate", "--policy", "base", "--root", str(tmp_path), "--params", str(params)]) == 1
     err = capsys.readouterr().err.strip()
-    assert "model folder models/base does not exist" in err and "prepare-base" in err  # not a hub error
+    assert "model folder models/missing-base does not exist" in err and "prepare-base" in err  # not a hub error
