@@ -336,8 +336,7 @@ def log_stage(run_id: str, stage: str | Sequence[str], workdir: Path, executed: 
                                                        [mlflow.entities.InputTag("mlflow.data.context", kind)]))
     if inputs:
         client.log_inputs(run_id, datasets=inputs)
-    for k, v in hashes.items():
-        client.set_tag(run_id, f"dvc.md5.{k}"[:250], v)
+    _log_tags(client, run_id, {f"dvc.md5.{k}"[:250]: v for k, v in hashes.items()})
     n = 0
     for f in metrics_files:
         n += log_step_metrics(run_id, read_jsonl(f))
@@ -357,8 +356,15 @@ def log_artifacts(run_id: str, files: list[Path], artifact_path: str | None = No
 
 
 def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
-    for k, v in tags.items():
-        MlflowClient().set_tag(run_id, k, str(v))
+    _log_tags(MlflowClient(), run_id, tags)
+
+
+def _log_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None:
+    """Tags in batches (MLflow takes at most 100 per ``log_batch``): one store transaction per batch
+    instead of one per tag. A stage has a tag per DVC dep and its code deps run to dozens."""
+    items = [mlflow.entities.RunTag(k, str(v)) for k, v in tags.items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, tags=items[i:i + 100])
 
 
 # ---- registry ----------------------------------------------------------------------------------
