@@ -46,24 +46,10 @@ def kept_layers(n_layers: int, keep_every: int) -> list[int]:
     return keep
 
 
-@torch.no_grad()
 def block_influence(teacher: Any, batches: list[torch.Tensor]) -> list[float]:
-    """ShortGPT's Block Influence of each decoder layer: 1 - mean cosine(input, output) over tokens."""
-    was = teacher.training
-    teacher.eval()
-    sums: list[float] = []
-    count = 0
-    for ids in batches:
-        hs = teacher(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
-        cos = [torch.nn.functional.cosine_similarity(hs[i].float(), hs[i + 1].float(), dim=-1).flatten()
-               for i in range(len(hs) - 1)]
-        if not sums:
-            sums = [0.0] * len(cos)
-        for i, c in enumerate(cos):
-            sums[i] += float((1 - c).sum())
-        count += cos[0].numel()
-    teacher.train(was)
-    return [s / max(count, 1) for s in sums]
+    """ShortGPT's Block Influence of each decoder layer: 1 - mean cosine(input, output) over tokens,
+    i.e. one minus the block similarity of a one-layer block."""
+    return [1 - x for x in block_similarity(teacher, batches, 1)]
 
 
 @torch.no_grad()

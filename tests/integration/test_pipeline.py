@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,56 +21,23 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-COPY = ["apprentice", "tasks", "flows", "expectations", "params.yaml", "prefect.yaml", ".dvcignore"]
+from projectkit import REPO, copy_project, init_repos  # noqa: E402
 
 
 def _run(cmd, cwd, **kw):
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True, **kw)
 
 
-#: Sizes for this test where the quick profile leaves a key unset (quick's own values win): the
-#: tiny random Llama and a handful of steps, so the whole stack runs in about a minute.
-FAST = {"pipeline": {"iterations": 2}, "model": {"base": "models/tiny"},
-        "synth": {"n_train": 12, "levels": [0]}, "benchmark": {"n": 8},
-        "sft": {"max_steps": 2, "batch_size": 4, "save_steps": 1},
-        "rl": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 32,
-               "probe_samples": 0, "save_steps": 1},
-        "distill": {"max_steps": 1, "batch_size": 2, "max_completion_length": 16, "save_steps": 1,
-                    "student": {"warmup_steps": 1}},
-        "evaluate": {"max_new_tokens": 24, "batch_size": 8}}
-
-
-def _fill(profile: dict, defaults: dict) -> dict:
-    for k, v in defaults.items():
-        if isinstance(v, dict):
-            _fill(profile.setdefault(k, {}), v)
-        else:
-            profile.setdefault(k, v)
-    return profile
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, prefect_api):
     root = tmp_path_factory.mktemp("project")
-    for name in COPY:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, root / name)
-    quick = root / "apprentice/profiles/quick.yaml"
-    quick.write_text(yaml.safe_dump(_fill(yaml.safe_load(quick.read_text()) or {}, FAST), sort_keys=False))
+    copy_project(root)
     store = root / "mlflow.db"
     old = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}"  # before env is copied: the flow subprocess too
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
-    _run(["git", "init", "-q"], root, env=env)
-    _run([sys.executable, "-m", "dvc", "init", "-q"], root, env=env)
-    _run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], root, env=env)
-    _run(["git", "add", "-A"], root, env=env)
-    _run(["git", "commit", "-qm", "init"], root, env=env)
+    init_repos(root, env)
     yield {"root": root, "wd": root / "runs" / "quick", "api": prefect_api, "env": env}
     if old is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,12 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from projectkit import copy_project, init_repos  # the same tiny project as the pipeline test
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
-from test_pipeline import COPY, FAST, _fill  # noqa: E402  (the same tiny sizes as the pipeline test)
 
 
 def _free_port() -> int:
@@ -68,24 +64,12 @@ def test_remote_stores_second_clone_pulls_reproduces_nothing_and_reads_aliases(t
                                                                               tracking_server, monkeypatch):
     root, remote, clone = tmp_path / "machine1", tmp_path / "dvc-remote", tmp_path / "machine2"
     root.mkdir()
-    for name in COPY:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, root / name)
-    quick = root / "apprentice/profiles/quick.yaml"
-    quick.write_text(yaml.safe_dump(_fill(yaml.safe_load(quick.read_text()) or {}, FAST), sort_keys=False))
+    copy_project(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_server)
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1", "MLFLOW_TRACKING_URI": tracking_server}
     dvc = [sys.executable, "-m", "dvc"]
-    _run(["git", "init", "-q"], root, env)
-    _run([*dvc, "init", "-q"], root, env)
-    _run([*dvc, "config", "core.analytics", "false"], root, env)
-    _run([*dvc, "remote", "add", "-d", "team", str(remote)], root, env)  # committed: every clone knows it
-    _run(["git", "add", "-A"], root, env)
-    _run(["git", "commit", "-qm", "init"], root, env)
+    init_repos(root, env, dvc_remote=remote)
 
     # machine 1: the quick profile through Prefect -> DVC -> MLflow (HTTP), then share code + data
     from flows.self_improve import self_improve

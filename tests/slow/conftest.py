@@ -8,61 +8,29 @@ the deployment's concurrency limit must hold it. The MLflow store and the report
 are what the MLflow-UI and report browser tests look at.
 
 These tests take minutes: they are marked ``slow`` and run only with ``APPRENTICE_RUN_SLOW=1``
-(``.ci/run`` sets it after ``make test``).
+(``make test-slow``; not yet in ``.ci/run``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
-from uitools import REPO, free_port, start, stop, wait_http
+from projectkit import copy_project, init_repos  # noqa: E402
+from uitools import free_port, start, stop, wait_http
 
-COPY = ["apprentice", "tasks", "flows", "expectations", "params.yaml", "prefect.yaml", ".dvcignore"]
 POOL = "apprentice-local"  # prefect.yaml's work pool
-#: The quick profile, shorter still, over two iterations: iteration 2 registers version 2, so the
-#: registry shows both aliases and the report a champion trend.
-FAST = {"model": {"base": "models/tiny"},
-        "synth": {"n_train": 12, "levels": [0]}, "benchmark": {"n": 8},
-        "sft": {"max_steps": 2, "batch_size": 4, "save_steps": 1},
-        "rl": {"max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 32,
-               "probe_samples": 0, "save_steps": 1},
-        "distill": {"max_steps": 1, "batch_size": 2, "max_completion_length": 16, "save_steps": 1,
-                    "student": {"warmup_steps": 1}},
-        "evaluate": {"max_new_tokens": 24, "batch_size": 8}}
-
-
-def _fill(profile: dict, defaults: dict) -> dict:
-    """Sizes where the quick profile leaves a key unset (quick's own values win, as in test_pipeline)."""
-    for k, v in defaults.items():
-        if isinstance(v, dict):
-            _fill(profile.setdefault(k, {}), v)
-        else:
-            profile.setdefault(k, v)
-    return profile
 
 
 def make_project(root: Path, env: dict[str, str]) -> None:
-    for name in COPY:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, root / name)
-    quick = root / "apprentice/profiles/quick.yaml"
-    profile = _fill(yaml.safe_load(quick.read_text()) or {}, FAST)
-    profile.setdefault("pipeline", {})["iterations"] = 2
-    quick.write_text(yaml.safe_dump(profile, sort_keys=False))
-    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"],
-                [sys.executable, "-m", "dvc", "config", "core.analytics", "false"], ["git", "add", "-A"],
-                ["git", "commit", "-qm", "init"]):
-        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+    """The quick profile shrunk to two short iterations (:mod:`projectkit`): iteration 2 registers
+    version 2, so the registry shows both aliases and the report a champion trend."""
+    copy_project(root)
+    init_repos(root, env)
 
 
 @pytest.fixture(scope="session")

@@ -95,3 +95,15 @@ def test_student_layer_rules(n_keep, expected):
     assert influence_layers(influence, n_keep) == expected  # first and last always kept
     # the most similar (input, output) pair: dropping layers 2-3 changes the residual stream least
     assert block_layers([0.0, 0.5, 0.9, 0.7, 0.1], 6, 4) == [0, 1, 4, 5]
+
+
+def test_block_influence_is_one_minus_each_layers_input_output_cosine(tiny_model_dir):
+    from apprentice.modeling import load_model
+    from apprentice.training.student import block_influence, block_similarity
+
+    model = load_model(tiny_model_dir, dtype="fp32")
+    ids = [torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))]
+    hs = model(input_ids=ids[0], output_hidden_states=True).hidden_states
+    direct = [float(1 - torch.nn.functional.cosine_similarity(hs[i], hs[i + 1], dim=-1).mean()) for i in range(len(hs) - 1)]
+    assert block_influence(model, ids) == pytest.approx(direct, abs=1e-5)
+    assert len(block_similarity(model, ids, 2)) == len(hs) - 2
