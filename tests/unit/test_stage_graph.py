@@ -1,0 +1,49 @@
+"""The DVC stage graph every profile generates is pinned in a fixture (issue H: one stage registry).
+
+Why a snapshot: the stage registry (:mod:`apprentice.pipeline`) replaced the hand-kept tables the
+generator used to read; this test proves the refactor reproduces the same ``dvc.yaml`` for every
+profile: stage names, commands, deps (code and data), outs, params per key, metrics and plots.
+A deliberate change to the graph regenerates the fixture with
+``APPRENTICE_UPDATE_GRAPH=1 python -m pytest tests/unit/test_stage_graph.py`` (review its diff).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from apprentice import dvcgen
+from apprentice.config import PROFILES_DIR, load_raw
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).parent / "fixtures" / "dvc_stage_graph.json"
+
+
+def graphs() -> dict[str, Any]:
+    """``dvcgen.pipeline`` of every profile (as ``dvcgen.write`` renders it), plus a hub-id base model."""
+    out: dict[str, Any] = {}
+    for profile in ["default", *sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))]:
+        raw = load_raw(REPO / "params.yaml", profile)
+        prefix = "" if profile == "default" else "../../"
+        out[profile] = dvcgen.pipeline(raw, prefix, REPO)
+    raw = load_raw(REPO / "params.yaml")
+    raw["model"]["base"] = "HuggingFaceTB/SmolLM2-135M-Instruct"  # not built: no folder dep, no prepare-base out
+    out["default+hub-base"] = dvcgen.pipeline(raw, "", REPO)
+    return json.loads(json.dumps(out))  # tuples -> lists, as YAML would render them
+
+
+def test_every_profile_generates_the_pinned_stage_graph():
+    got = graphs()
+    if os.environ.get("APPRENTICE_UPDATE_GRAPH"):
+        FIXTURE.write_text(json.dumps(got, indent=1) + "\n")
+    want = json.loads(FIXTURE.read_text())
+    assert sorted(got) == sorted(want)
+    for profile in want:
+        g, w = got[profile], want[profile]
+        assert list(g["stages"]) == list(w["stages"]), f"{profile}: stage names/order differ"
+        for name in w["stages"]:
+            assert g["stages"][name] == w["stages"][name], f"{profile}: DVC stage {name} differs"
+        assert g["metrics"] == w["metrics"] and g["plots"] == w["plots"], f"{profile}: metrics/plots differ"
+        assert g == w
