@@ -1,7 +1,8 @@
 """``python -m apprentice <stage>``: one verb per stage, what dvc.yaml runs.
 
-Each verb maps to ``apprentice.stages.<module>.run(cfg, paths) -> dict`` (a summary printed as
-JSON). The CLI only parses arguments and loads the typed config; all logic lives in the stage.
+The verbs are the stage registry's (:mod:`apprentice.pipeline`, names and aliases); each maps to its
+stage module's ``run(cfg, paths) -> dict`` (a summary printed as JSON). The CLI only parses
+arguments and loads the typed config; all logic lives in the stage.
 """
 
 from __future__ import annotations
@@ -14,27 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-STAGES = {
-    "prepare-base": "prepare_base",
-    "benchmark": "benchmark",
-    "synth": "synth",
-    "rollout": "rollout",
-    "teacher-rollout": "rollout",
-    "validate": "validate",
-    "sft": "sft",
-    "rl": "rl",
-    "distill": "distill",
-    "evaluate": "evaluate",
-    "evaluate-all": "evaluate_all",
-    "promote": "promote",
-    "report": "report",
-    "evolve": "evolve",
-}
-
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m apprentice", description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=sorted([*STAGES, "check-env"]),
+    from apprentice.pipeline import verbs
+
+    p.add_argument("stage", choices=sorted([*verbs(), "check-env"]),
                    help="stage to run (or check-env FAMILY: check an environment family against the protocol)")
     p.add_argument("family", nargs="?", default=None, help="(check-env) the environment family to check")
     p.add_argument("--levels", default="0,1,2", help="(check-env) levels to check, comma-separated")
@@ -106,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
         return 1 if check_family(args.family, levels, args.seeds) else 0
     paths = Paths(Path(args.root).resolve(), args.iteration)
-    module = importlib.import_module(f"apprentice.stages.{STAGES[args.stage]}")
+    from apprentice.pipeline import get
+
+    module = importlib.import_module(get(args.stage).module)
     extra = {k: v for k, v in (("policy", args.policy), ("out", args.out)) if v is not None}
     t0 = time.perf_counter()
     try:
@@ -136,7 +124,9 @@ def record_resources(root: Path, stage: str, iteration: int, policy: str | None,
            "flow_run": os.environ.get("APPRENTICE_FLOW_RUN", ""), "time": round(time.time(), 1)}
     print(f"resources: {name} (iteration {iteration}) {wall_s:.1f} s, peak RSS {peak_gb:.2f} GB", file=sys.stderr)
     try:
-        log = Path(root) / "reports" / "resources.jsonl"
+        from apprentice.paths import Paths
+
+        log = Paths(Path(root)).resources_log
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as f:
             f.write(json.dumps(rec) + "\n")

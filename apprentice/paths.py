@@ -10,6 +10,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+#: ``model.base`` values that prepare-base builds (relative to the root): the embedded SmolLM2 and the
+#: quick profile's tiny random Llama. Any other ``model.base`` (an HF id, a user's folder) is only verified.
+DEFAULT_BASE = "models/base"
+TINY_BASE = "models/tiny"
+BUILT_BASES = (DEFAULT_BASE, TINY_BASE)
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -48,6 +54,11 @@ class Paths:
         return self.benchmark_dir / "eval"
 
     @property
+    def benchmark_record(self) -> Path:
+        """The benchmark stage's summary (problem counts per family and level; DVC metrics)."""
+        return self.benchmark_dir / "benchmark.json"
+
+    @property
     def eval_problems(self) -> Path:
         """The held-out problems every model of every iteration is scored on: the fixed benchmark."""
         return self.benchmark
@@ -66,13 +77,28 @@ class Paths:
         return self.reports / "gate.json"
 
     @property
+    def gate_html(self) -> Path:
+        """The validate stage's self-contained HTML report."""
+        return self.reports / "gate.html"
+
+    @property
+    def evolve_dir(self) -> Path:
+        """Environment evolution's generations (``gen_g.parquet``)."""
+        return self.data / "evolve"
+
+    @property
+    def evolve_record(self) -> Path:
+        """Environment evolution's summary (DVC metrics)."""
+        return self.data / "evolve.json"
+
+    @property
     def eval_dir(self) -> Path:
         return self.data / "eval"
 
     # models
     @property
     def base_model(self) -> Path:
-        return self.root / "models" / "base"
+        return self.root / DEFAULT_BASE
 
     @property
     def sft_model(self) -> Path:
@@ -86,13 +112,42 @@ class Paths:
     def student_model(self) -> Path:
         return self.models / "student"
 
+    def model_dir(self, policy: str) -> Path:
+        """The folder of a model this iteration trains: ``sft``, ``rl`` or ``student``."""
+        return {"sft": self.sft_model, "rl": self.rl_model, "student": self.student_model}[policy]
+
+    @property
+    def sft_start(self) -> Path:
+        """Which model SFT started from (path + md5; DVC metrics)."""
+        return self.reports / "sft_start.json"
+
     def eval_dir_for(self, policy: str) -> Path:
         """Where ``evaluate --policy policy`` writes: the base model once for all iterations, the rest per iteration."""
         return self.benchmark_eval_dir if policy == "base" else self.eval_dir
 
+    def eval_outputs(self, policy: str) -> list[Path]:
+        """The files ``evaluate --policy policy`` writes: per-episode rows and the metrics JSON."""
+        d = self.eval_dir_for(policy)
+        return [d / f"{policy}.parquet", d / f"{policy}.json"]
+
     @property
     def promotion(self) -> Path:
         return self.reports / "promotion.json"
+
+    @property
+    def curves_dir(self) -> Path:
+        """The report stage's learning curves (CSV for DVC plots, PNG) and ``eval.md``."""
+        return self.reports / "curves"
+
+    @property
+    def report_page(self) -> Path:
+        """The iteration's one-page report."""
+        return self.reports / "index.html"
+
+    @property
+    def resources_log(self) -> Path:
+        """Every stage's wall time and peak RSS, one JSON line per run (not a DVC output)."""
+        return self.root / "reports" / "resources.jsonl"
 
     def previous(self) -> Paths | None:
         return Paths(self.root, self.iteration - 1) if self.iteration > 1 else None

@@ -149,7 +149,7 @@ def trend(root: Path, upto: int) -> list[dict[str, Any]]:
     out = []
     for j in range(1, upto + 1):
         pj = Paths(root, j)
-        promo = _json(pj.reports / "promotion.json")
+        promo = _json(pj.promotion)
         if not promo:
             continue
         cand = str(promo.get("candidate", ""))
@@ -175,9 +175,9 @@ def collect(paths: Paths, mlflow_runs: Mapping[str, Any] | None = None, git_comm
         "profile": (params.get("pipeline", {}) or {}).get("profile", "default"),
         "generated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "evaluations": evaluations(paths), "curves": curves(paths),
-        "gate": _json(paths.reports / "gate.json"),
+        "gate": _json(paths.gate_record),
         "exclusions": exclusions(paths, bool(vcfg.get("success_only", True))),
-        "promotion": _json(paths.reports / "promotion.json"), "alpha": pcfg.get("alpha"),
+        "promotion": _json(paths.promotion), "alpha": pcfg.get("alpha"),
         "trend": trend(paths.root, paths.iteration), "dvc": dvc_hashes(paths.root, paths.iteration),
         "mlflow": dict(mlflow_runs or {}), "git_commit": git_commit or "unknown",
     }
@@ -451,7 +451,7 @@ def render(data: dict[str, Any]) -> str:
 
 def write(paths: Paths, mlflow_runs: Mapping[str, Any] | None = None, git_commit: str | None = None) -> Path:
     """Render ``reports/iter_k/index.html`` atomically; returns its path."""
-    out = paths.reports / "index.html"
+    out = paths.report_page
     page = render(collect(paths, mlflow_runs, git_commit))
     with atomic_path(out) as tmp:
         tmp.write_text(page)

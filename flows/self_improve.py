@@ -38,26 +38,18 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from prefect import flow  # noqa: E402
 
-from apprentice import dvcgen, lineage, runlock  # noqa: E402
+from apprentice import dvcgen, lineage, pipeline, runlock  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
+from apprentice.paths import Paths  # noqa: E402
 from tasks import parallel  # noqa: E402
 from tasks._dvc import StageContext, stage_env  # noqa: E402
-from tasks.benchmark import benchmark  # noqa: E402
-from tasks.distill import distill  # noqa: E402
-from tasks.evaluate import evaluate  # noqa: E402
-from tasks.evolve import evolve  # noqa: E402
-from tasks.prepare_base import prepare_base  # noqa: E402
-from tasks.promote import promote  # noqa: E402
-from tasks.report import report  # noqa: E402
-from tasks.rl import rl  # noqa: E402
-from tasks.rollout import rollout  # noqa: E402
-from tasks.sft import sft  # noqa: E402
-from tasks.synth import synth  # noqa: E402
-from tasks.validate import validate  # noqa: E402
+from tasks.stages import stage_task  # noqa: E402
 
-TASKS = {"synth": synth, "evolve": evolve, "teacher-rollout": rollout, "validate": validate, "sft": sft, "rl": rl,
-         "distill": distill, "evaluate": evaluate, "promote": promote, "report": report}
-assert list(TASKS) == dvcgen.ITERATION_STAGES, "flow and dvc.yaml must list the same stages"
+
+def stage_order(iteration: int) -> list[str]:
+    """The stages the flow runs in iteration ``iteration``, in order (the registry's order; the
+    once-stages, such as the base model and the fixed benchmark, before iteration 1 only)."""
+    return (pipeline.once_stages() if iteration == 1 else []) + pipeline.iteration_stages()
 
 
 @flow(name="self-improve", log_prints=True)
@@ -78,19 +70,18 @@ def _run(profile: str, root: Path) -> dict:
     for k in range(1, cfg.pipeline.iterations + 1):
         with lineage.iteration_run(k, profile, root, wd / "params.yaml") as parent:
             ctx = StageContext(str(root), str(wd), profile, k, parent)
+            once = StageContext(str(root), str(wd), profile, None, parent)  # once for all iterations
             stages = []
-            if k == 1:  # once for all iterations: the base model and the fixed benchmark
-                once = StageContext(str(root), str(wd), profile, None, parent)
-                stages += [prepare_base(once), benchmark(once)]
-            for s in dvcgen.ITERATION_STAGES:
-                if s == "evaluate" and cfg.rollout.engine == "ray" and cfg.ray.parallel_evaluations:
+            for s in stage_order(k):
+                stage = pipeline.get(s)
+                if stage.models and cfg.rollout.engine == "ray" and cfg.ray.parallel_evaluations:
                     # the per-model evaluations run concurrently on Ray (tasks/parallel.py); the task below
                     # then finds them up to date in dvc.lock and records them in MLflow as usual
                     parallel.repro_parallel([f"dvc.yaml:{t}" for t in dvcgen.dvc_stages(s, k)], wd,
                                             stage_env(root, None), cfg.ray.address)
-                stages.append(TASKS[s](ctx))
+                stages.append(stage_task(s)(ctx if stage.per_iteration else once))
             promo = next(s["result"] for s in stages if s["stage"] == f"promote-{k}")
-            lineage.log_artifacts(parent, [wd / "reports" / f"iter_{k}" / "index.html"])  # the iteration's page
+            lineage.log_artifacts(parent, [Paths(wd, k).report_page])  # the iteration's page
             lineage.set_tags(parent, {"promote.promoted": bool(promo.get("promoted")),
                                       "dvc.executed_stages": ",".join(s["stage"] for s in stages if s["executed"])})
         summary["iterations"].append({"iteration": k, "parent_run_id": parent, "stages": stages})
@@ -105,7 +96,7 @@ def resource_table(wd: Path, flow_run: str, total_s: float) -> str:
     """Per-stage wall time and peak RSS of this flow run (stages DVC skipped do not appear)."""
     import json
 
-    log = wd / "reports" / "resources.jsonl"
+    log = Paths(wd).resources_log
     rows = []
     if log.exists():
         for line in log.read_text().splitlines():
@@ -148,19 +139,20 @@ def wall_time_table(iterations: list[dict]) -> str:
 
 
 def where_to_look(wd: Path, uri: str, k: int) -> str:
-    rep = wd / "reports" / f"iter_{k}"
-    table = (rep / "curves" / "eval.md").read_text() if (rep / "curves" / "eval.md").exists() else "(none)"
-    promo = (rep / "promotion.json").read_text() if (rep / "promotion.json").exists() else "{}"
-    pngs = sorted(str(p) for p in (rep / "curves").glob("*.png"))
+    at = Paths(wd, k)
+    md = at.curves_dir / "eval.md"
+    table = md.read_text() if md.exists() else "(none)"
+    promo = at.promotion.read_text() if at.promotion.exists() else "{}"
+    pngs = sorted(str(p) for p in at.curves_dir.glob("*.png"))
     return "\n".join([
         f"\n=== evaluation, iteration {k} (held-out problems) ===", table.rstrip(),
         f"\npromotion: {_promotion_line(promo)}",
         "\nwhere to look:",
         f"  MLflow UI:      mlflow ui --backend-store-uri {uri} --port 5000   (then http://127.0.0.1:5000)",
-        f"  iteration report: {rep / 'index.html'}   (self-contained; open it in any browser)",
-        f"  gate report:    {rep / 'gate.html'}",
+        f"  iteration report: {at.report_page}   (self-contained; open it in any browser)",
+        f"  gate report:    {at.gate_html}",
         f"  learning curves: {', '.join(pngs) or '(none)'}",
-        f"  promotion:      {rep / 'promotion.json'}",
+        f"  promotion:      {at.promotion}",
         f"  DVC:            cd {wd} && dvc metrics show && dvc plots show  (dvc.yaml, dvc.lock)",
     ])
 

@@ -1,1 +1,2 @@
-"""Prefect tasks: one module per pipeline stage, each a thin wrapper over :func:`tasks._dvc.run_stage`."""
+"""Prefect tasks: one per registered stage (:func:`tasks.stages.stage_task`, a thin wrapper over
+:func:`tasks._dvc.run_stage`), and the Ray-parallel runner of independent DVC stages (:mod:`tasks.parallel`)."""

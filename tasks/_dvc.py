@@ -23,9 +23,11 @@ from typing import Any
 import yaml
 
 from apprentice import dvcgen, lineage
+from apprentice import pipeline as registry
+from apprentice.paths import Paths
 
-#: Retries of the stages that talk to a teacher/policy (network endpoints fail transiently).
-ROLLOUT_RETRIES = int(os.environ.get("APPRENTICE_ROLLOUT_RETRIES", "2"))
+#: Retries of the stages that talk to a teacher/policy (declared per stage in the registry).
+ROLLOUT_RETRIES = registry.ROLLOUT_RETRIES
 
 
 class StageFailed(RuntimeError):
@@ -39,20 +41,6 @@ class StageContext:
     profile: str
     iteration: int | None
     parent_run_id: str | None
-
-
-#: JSON files a stage writes whose flat numbers are logged as run metrics (relative to the workdir).
-_RESULT_FILES = {"validate": ["reports/iter_{k}/gate.json"], "evolve": ["data/iter_{k}/evolve.json"], "promote": ["reports/iter_{k}/promotion.json"],
-                 "evaluate": [f"data/benchmark/eval/{p}.json" if p in dvcgen.ONCE_POLICIES
-                              else f"data/iter_{{k}}/eval/{p}.json" for p in dvcgen.EVAL_POLICIES],
-                 "sft": ["reports/iter_{k}/sft_start.json"], "benchmark": ["data/benchmark/benchmark.json"]}
-#: Result-file strings logged as run tags (numbers go to metrics): e.g. the model SFT started from.
-_TAG_KEYS = {"sft": ("start_model.",), "promote": ("champion.",)}
-_ARTIFACTS = {"validate": ["reports/iter_{k}/gate.html", "reports/iter_{k}/gate.json"],
-              "promote": ["reports/iter_{k}/promotion.json"],
-              "report": ["reports/iter_{k}/index.html", "reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
-                                                               for c, _ in dvcgen.CURVES]}
-_STEP_METRICS = {stage: f"models/iter_{{k}}/{out}/metrics.jsonl" for stage, out in dvcgen.CURVES}
 
 
 def stage_env(repo: Path, run_id: str | None) -> dict[str, str]:
@@ -99,13 +87,18 @@ def _flat_strings(path: Path, prefixes: tuple[str, ...]) -> dict[str, str]:
 
 
 def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
-    """Run one stage of iteration ``ctx.iteration`` through DVC inside a nested MLflow run."""
+    """Run one stage of iteration ``ctx.iteration`` through DVC inside a nested MLflow run.
+
+    What it logs comes from the stage's registry entry (:mod:`apprentice.pipeline`): the numbers of
+    its result files as metrics (a per-model stage's prefixed by the model), their string keys under
+    its tag prefixes as tags, its artifacts, and a training stage's per-step curve."""
     repo, wd, k = Path(ctx.repo), Path(ctx.workdir), ctx.iteration
+    spec = registry.get(stage)
     name = dvcgen.stage_name(stage, k)
     targets = [f"dvc.yaml:{s}" for s in dvcgen.dvc_stages(stage, k)]  # evaluate: one DVC stage per model
     raw = yaml.safe_load((wd / "params.yaml").read_text()) or {}
-    params = {key: raw.get(key.split(".")[0]) for key in dvcgen.PARAMS[stage] if "." not in key}
-    fmt = {"k": k}
+    params = {key: raw.get(key.split(".")[0]) for key in spec.params if "." not in key}
+    at = Paths(wd, k or 1)  # a once-stage (no iteration) writes nothing under iter_k
     t0 = time.monotonic()
     if ctx.parent_run_id is None:  # no lineage (e.g. prepare-base outside an iteration)
         rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, None))
@@ -114,17 +107,16 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
         return {"stage": name, "executed": executed, "wall_s": round(time.monotonic() - t0, 1)}
     with lineage.stage_run(ctx.parent_run_id, name, k or 0, ctx.profile) as run_id:
         rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, run_id))
-        lineage.log_artifacts(run_id, [wd / p.format(**fmt) for p in _ARTIFACTS.get(stage, [])])
+        lineage.log_artifacts(run_id, spec.artifacts(at))
         if rc:
             lineage.set_tags(run_id, {"dvc.executed": str(executed), "error": tail[-4000:]})
             raise StageFailed(f"stage {name} failed (exit {rc}); last output:\n{tail}")
         result: dict[str, Any] = {}
-        for p in _RESULT_FILES.get(stage, []):
-            f = wd / p.format(**fmt)
-            result.update(_flat_numbers(f, f"{f.stem}." if stage == "evaluate" else ""))
-            if stage in _TAG_KEYS:
-                lineage.set_tags(run_id, _flat_strings(f, _TAG_KEYS[stage]))
-        step_files = [wd / _STEP_METRICS[stage].format(**fmt)] if stage in _STEP_METRICS else []
+        for f in spec.results(at):
+            result.update(_flat_numbers(f, f"{f.stem}." if spec.models else ""))
+            if spec.tags:
+                lineage.set_tags(run_id, _flat_strings(f, spec.tags))
+        step_files = [at.models / spec.curve / "metrics.jsonl"] if spec.curve else []
         step_files += [f.parent.parent / ".timings" / f"{f.parent.name}.jsonl" for f in step_files]  # wall clock
         logged = lineage.log_stage(run_id, dvcgen.dvc_stages(stage, k), wd, executed, params, step_files, result)
     return {"stage": name, "executed": executed, "run_id": run_id, "wall_s": round(time.monotonic() - t0, 1), **logged,

@@ -2,7 +2,7 @@
 process (by hand: one torch + transformers import instead of four, 5-7 s each on this CPU).
 
 The pipeline does not use it: ``dvc.yaml`` has one DVC stage per model (``evaluate-<model>-k``,
-:func:`apprentice.dvcgen.dvc_stages`), so DVC re-evaluates only the models that changed (an RL
+:func:`apprentice.dvcgen.dvc_stages`, the registry's ``models``), so DVC re-evaluates only the models that changed (an RL
 experiment does not re-evaluate base and SFT). Both write the same files
 (``data/iter_k/eval/<policy>.parquet|json``) through :func:`apprentice.stages.evaluate.run`.
 """
@@ -13,13 +13,14 @@ from typing import Any
 
 from apprentice.config import Config
 from apprentice.paths import Paths
+from apprentice.pipeline import EVAL_POLICIES
 
 #: The evaluation table of an iteration: where it started (base) and each training stage's model.
-POLICIES = ("base", "sft", "rl", "student")
+POLICIES = EVAL_POLICIES
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
-    from apprentice.stages import evaluate  # lazily: dvcgen imports POLICIES without torch
+    from apprentice.stages import evaluate  # lazily: importing this module must not load torch
 
     results = {p: evaluate.run(cfg, paths, policy=p) for p in POLICIES}
     return {p: {"success_rate": r["success_rate"], "success_ci": r["success_ci"]} for p, r in results.items()}

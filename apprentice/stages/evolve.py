@@ -44,11 +44,11 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
 
 
 def out_dir(paths: Paths) -> Path:
-    return paths.data / "evolve"
+    return paths.evolve_dir
 
 
 def summary_file(paths: Paths) -> Path:
-    return paths.data / "evolve.json"
+    return paths.evolve_record
 
 
 def _gen0(cfg: Config, paths: Paths) -> list:

@@ -24,11 +24,9 @@ from tqdm.auto import tqdm
 
 from apprentice import modeling
 from apprentice.config import Config
-from apprentice.paths import Paths, atomic_path
+from apprentice.paths import DEFAULT_BASE, TINY_BASE, Paths, atomic_path
 
 MARKER = ".apprentice-base.json"  # written last inside the folder: its presence means "complete"
-DEFAULT_BASE = "models/base"
-TINY_BASE = "models/tiny"
 
 
 def _marker_info(gguf: Path, chat_template: str) -> dict[str, Any]:

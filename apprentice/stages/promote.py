@@ -63,7 +63,7 @@ def decide(challenger: pd.DataFrame | None, champion: pd.DataFrame | None, alpha
 
 def _base_results(paths: Paths) -> pd.DataFrame:
     """The base model's benchmark episodes: the incumbent while the registry has no champion."""
-    table = paths.benchmark_eval_dir / "base.parquet"
+    table = paths.eval_outputs("base")[0]
     if not table.is_file():
         raise FileNotFoundError(f"an empty registry's candidate competes with the base model, but {table} does not "
                                 "exist; run `python -m apprentice evaluate --policy base` first (dvc repro does)")

@@ -72,7 +72,7 @@ _ORDER = ("sft", "rl", "student")
 
 def benchmark_table(paths: Paths) -> str:
     """Every model of iterations 1..k on the benchmark: base once, then each iteration's models in order."""
-    files = [("base", f) for f in [paths.benchmark_eval_dir / "base.json"] if f.exists()]
+    files = [("base", f) for f in [paths.eval_outputs("base")[1]] if f.exists()]
     for j in range(1, paths.iteration + 1):
         d = Paths(paths.root, j).eval_dir
         known = sorted(eval_jsons(d), key=lambda f: (_ORDER.index(f.stem) if f.stem in _ORDER else 9, f.stem))
@@ -83,7 +83,7 @@ def benchmark_table(paths: Paths) -> str:
 def episodes_of(entry: dict[str, Any], paths: Paths) -> Path:
     """The benchmark episodes of a promotion record's ``champion`` entry."""
     if entry.get("kind") == "base":
-        return paths.benchmark_eval_dir / "base.parquet"
+        return paths.eval_outputs("base")[0]
     return Paths(paths.root, int(entry["iteration"])).eval_dir / f"{entry['kind']}.parquet"
 
 
@@ -142,7 +142,7 @@ def champion_trend(paths: Paths) -> str:
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
-    out = paths.reports / "curves"
+    out = paths.curves_dir
     written = []
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)

@@ -49,7 +49,7 @@ def start_model(cfg: Config, paths: Paths) -> str:
 
 
 def start_file(paths: Paths) -> Path:
-    return paths.reports / "sft_start.json"
+    return paths.sft_start
 
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:

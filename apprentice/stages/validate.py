@@ -116,7 +116,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     ]
     results = [gates.check(df, suite, params, table=name)
                for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
-    html_path, json_path = paths.reports / "gate.html", paths.gate_record
+    html_path, json_path = paths.gate_html, paths.gate_record
     passed = all(r.success for r in results)
     if passed:
         write_parquet(sft, paths.sft_data)

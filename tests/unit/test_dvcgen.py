@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from apprentice import dvcgen
+from apprentice import dvcgen, pipeline
 from apprentice.config import load_raw
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ def test_iterations_chain_and_per_key_params():
     raw = load_raw(REPO / "params.yaml")
     raw["pipeline"]["iterations"] = 2
     stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
-    assert [s for s in stages if s.endswith("-2")] == [n for s in dvcgen.ITERATION_STAGES for n in dvcgen.dvc_stages(s, 2)
+    assert [s for s in stages if s.endswith("-2")] == [n for s in pipeline.iteration_stages() for n in dvcgen.dvc_stages(s, 2)
                                                        if n.endswith("-2")]
     # one benchmark and one base evaluation for all iterations; every iteration reads the same benchmark
     assert [s for s in stages if not s[-1].isdigit()] == ["prepare-base", "benchmark", "evaluate-base"]
