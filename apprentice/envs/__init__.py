@@ -2,7 +2,8 @@
 
 A family gets into ``FAMILIES`` in one of four ways, none of which needs an edit to this package:
 
-* built in (``grid``, ``search``, ``store``), imported below;
+* built in (``grid``, ``search``, ``store``, ``shell``): every public module of this package that is
+  not protocol or tooling (:data:`NOT_FAMILIES`) is imported below, so a new family is one file;
 * adapters, registered on first use by name: ``rg_<reasoning-gym dataset>``, ``toytext_frozenlake``,
   ``toytext_taxi`` (:mod:`apprentice.envs.adapters`);
 * modules listed in ``params.yaml`` under ``envs.modules`` (imported when the config loads, so DVC's
@@ -89,8 +90,21 @@ def env_for(spec: ProblemSpec) -> Environment:
     return env
 
 
+#: Modules of this package that hold the protocol and tooling, not families. Every other module
+#: (not ``_private``) is a built-in family and is imported here: adding one is adding its file.
+NOT_FAMILIES = frozenset({"adapters", "base", "check", "evolve"})
+
+
+def builtin_modules() -> list[str]:
+    """The built-in family modules: every public module of this package but :data:`NOT_FAMILIES`."""
+    import pkgutil
+
+    return [m.name for m in pkgutil.iter_modules(__path__)
+            if not m.name.startswith("_") and m.name not in NOT_FAMILIES and not m.ispkg]
+
+
 def _load_builtin() -> None:
-    for mod in ("grid", "search", "store", "shell"):
+    for mod in builtin_modules():
         try:
             importlib.import_module(f"apprentice.envs.{mod}")
         except ModuleNotFoundError as e:  # a family under construction must not break the others

@@ -131,3 +131,21 @@ def test_tool_schemas_are_strict_openai_functions(family):
         assert set(s) == {"type", "function"} and s["type"] == "function"
         assert set(s["function"]) <= set(_OPENAI_FUNCTION_KEYS), s["function"].keys()
         assert s["function"]["parameters"]["type"] == "object"
+
+
+def test_a_builtin_family_is_its_file_alone(tmp_path):
+    """Issue H: every public module of apprentice/envs that is not protocol or tooling is a family,
+    imported with the package; a new file there is found without editing any list."""
+    assert set(envs.builtin_modules()) == {"grid", "search", "shell", "store"}
+    import shutil
+
+    shutil.copytree(Path(envs.__file__).parents[1], tmp_path / "apprentice", ignore=shutil.ignore_patterns("__pycache__"))
+    pkg = tmp_path / "apprentice" / "envs"
+    (pkg / "echo.py").write_text(
+        "from apprentice.envs import register\nfrom apprentice.envs.grid import GridEnv\n\n\n"
+        "@register\nclass EchoEnv(GridEnv):\n    family = 'echo'\n")
+    (pkg / "_helper.py").write_text("raise RuntimeError('private modules are not imported')\n")
+    code = "from apprentice.envs import FAMILIES, builtin_modules; print(sorted(FAMILIES), builtin_modules())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=True).stdout
+    assert "'echo'" in out.split("]")[0], out
