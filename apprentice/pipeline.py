@@ -184,7 +184,7 @@ def _report(w: Where) -> IO:
     # index.html: the iteration's one-page report (gate exclusions from the teacher rows, the champion
     # trend from every earlier promotion); eval.md: every iteration's models on the benchmark
     p, k = w.paths, w.paths.iteration
-    return IO(deps=[p.models / s.curve / "metrics.jsonl" for s in curve_stages()] + [p.eval_dir, p.benchmark_eval_dir]
+    return IO(deps=[curve_file(p, s) for s in curve_stages()] + [p.eval_dir, p.benchmark_eval_dir]
               + [w.at(j).eval_dir for j in range(1, k)] + [p.gate_record, p.teacher_trajectories]
               + [w.at(j).promotion for j in range(1, k + 1)],
               outs=[NoCache(p.curves_dir), NoCache(p.report_page)])
@@ -268,6 +268,12 @@ def once_stages() -> list[str]:
 def iteration_stages() -> list[str]:
     """One iteration's stages, in execution order (the flow's order and dvc.yaml's)."""
     return [s.name for s in STAGES if s.in_pipeline and s.per_iteration]
+
+
+def curve_file(paths: Paths, stage: Stage) -> Path:
+    """A training stage's per-step metrics: ``models/iter_k/<curve>/metrics.jsonl``."""
+    assert stage.curve, f"stage {stage.name} trains no model"
+    return paths.models / stage.curve / "metrics.jsonl"
 
 
 def curve_stages() -> list[Stage]:
