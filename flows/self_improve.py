@@ -1,9 +1,9 @@
 """The self-improvement loop: ``python -m flows.self_improve --profile default|quick``.
 
 For each iteration declared in the params (``pipeline.iterations``): one MLflow parent run, then one
-Prefect task per stage, in order: synth, teacher-rollout, validate (the data gate), sft, rl, distill,
-evaluate, promote, report. Each task runs its DVC stage (``dvc repro --single-item``) inside a
-nested MLflow run, so:
+Prefect task per stage, in the stage registry's order (:mod:`apprentice.pipeline`): synth, evolve,
+teacher-rollout, validate (the data gate), sft, rl, distill, evaluate, promote, report. Each task runs
+its DVC stage (``dvc repro --single-item``) inside a nested MLflow run, so:
 
 * **resumable**: after an interruption, rerunning the flow skips every stage whose outputs are
   complete in ``dvc.lock`` (stages write atomically; an interrupted stage left no output) and the
