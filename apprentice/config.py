@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from apprentice.paths import DEFAULT_BASE
+
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
@@ -37,7 +39,7 @@ class PipelineConfig(Section):
 
 
 class ModelConfig(Section):
-    base: str = Field("models/base", description="HF model id or local path of the base model.")
+    base: str = Field(DEFAULT_BASE, description="HF model id or local path of the base model.")
     chat_template: Literal["compact", "qwen2.5", "model"] = Field(
         "compact", description="'compact' = SmolLM tool template; 'model' = keep the tokenizer's own."
     )

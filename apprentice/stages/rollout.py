@@ -38,7 +38,7 @@ def model_dir(choice: str, cfg: Config, paths: Paths) -> str:
 
         return resolve_model_ref(cfg.model.base, paths.root)
     if choice in MODEL_CHOICES:
-        p = {"sft": paths.sft_model, "rl": paths.rl_model, "student": paths.student_model}[choice]
+        p = paths.model_dir(choice)
         if not (p / "config.json").exists():
             raise FileNotFoundError(f"{p} holds no model; run `python -m apprentice {choice if choice != 'student' else 'distill'}` first")
         return str(p)
