@@ -73,3 +73,31 @@ def ray_cluster():
                 raise
     yield ray
     ray.shutdown()
+
+
+# ---- scheduling on pytest-xdist (`make test`: -n 2 --dist loadgroup --no-loadscope-reorder) --------
+#: Test files that run the whole pipeline, in the order they start: each holds a worker for minutes, so
+#: they go first and every other file packs in beside them. Files sharing a session fixture (the slow UI
+#: suite's deployed run, the Ray cluster) form one group, so the fixture is built once, on one worker.
+_FIRST = ("tests/integration/test_pipeline.py", "tests/slow/")
+_GROUPS = {"tests/slow/": "deployed-run", "tests/integration/test_ray_": "ray-cluster"}
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return next((g for prefix, g in _GROUPS.items() if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """Every test gets an ``xdist_group`` (its file, or a shared-fixture group above): ``loadgroup``
+    then keeps a file's module fixtures on one worker, as ``loadfile`` would. The long files are moved
+    to the front; xdist's default reorder (most tests first) would start them last."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
+
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)), len(_FIRST))
+
+    items.sort(key=rank)  # stable: files stay contiguous, tests keep their order

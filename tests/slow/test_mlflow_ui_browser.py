@@ -1,15 +1,13 @@
 """What MLflow's own UI shows for a deployed run (two quick iterations), checked in headless
-Chromium against ``mlflow ui`` on that run's store: parent runs with nested stage runs, datasets
+Chromium on the UI of the ``mlflow server`` that run logged to over HTTP: parent runs with nested stage runs, datasets
 logged as inputs, the registered model with versions and the champion/challenger aliases, and a
 version's link back to the run that registered it. Screenshots: ``$APPRENTICE_SCREENSHOTS``
 (``docs/figures/mlflow_*.png`` in the README come from here)."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from uitools import chromium, free_port, screenshot, slow_only, start, stop, wait_for, wait_http
+from uitools import chromium, screenshot, slow_only, wait_for
 
 pytestmark = slow_only()
 
@@ -18,16 +16,8 @@ MODEL = "apprentice-agent"
 
 @pytest.fixture(scope="module")
 def mlflow_ui(deployed):
-    port = free_port()
-    bin_dir = sys.executable.rsplit("/", 1)[0]
-    proc = start([f"{bin_dir}/mlflow", "ui", "--backend-store-uri", deployed["store"], "--host", "127.0.0.1",
-                  "--port", str(port), "--workers", "1"], deployed["root"], deployed["env"],
-                 deployed["logs"] / "mlflow-ui.log")
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc, deployed["logs"] / "mlflow-ui.log")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)
+    """The tracking server the deployed run logged to over HTTP serves the UI itself."""
+    return deployed["store"]
 
 
 @pytest.fixture(scope="module")
