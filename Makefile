@@ -29,10 +29,10 @@ run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect 
 	$(BIN)/python -m flows.self_improve --profile $(PROFILE)
 
 # `make test` leaves out the slow suites; APPRENTICE_RUN_SLOW=1 (.ci/run) runs them in the same session, on the
-# worker time the e2e pipeline file leaves free. Scheduling: tests/conftest.py (xdist groups, long files first).
+# worker time the e2e pipeline file leaves free. Scheduling: tests/conftest.py (scopes: a file or a shared-fixture group; long files first).
 TEST_MARKS := $(if $(APPRENTICE_RUN_SLOW),,-m "not slow")
 test: $(STAMP)   ## unit + integration tests (real stack, tiny model); with APPRENTICE_RUN_SLOW=1 the slow suites too
-	$(BIN)/python -m pytest -q -rs tests $(TEST_MARKS) -n 2 --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -rs tests $(TEST_MARKS) -n 2 --dist loadscope --no-loadscope-reorder
 
 test-slow: $(STAMP)   ## the slow suites alone (.ci/run runs them with make test): UI in Chromium, deployment + worker, crash kills, Docker, Ray, shared stores
 	APPRENTICE_RUN_SLOW=1 APPRENTICE_QUIET=1 $(BIN)/python -m pytest -q -m slow tests

@@ -75,29 +75,42 @@ def ray_cluster():
     ray.shutdown()
 
 
-# ---- scheduling on pytest-xdist (`make test`: -n 2 --dist loadgroup --no-loadscope-reorder) --------
+# ---- scheduling on pytest-xdist (`make test`: -n 2 --dist loadscope --no-loadscope-reorder) -------
 #: Test files that run the whole pipeline, in the order they start: each holds a worker for minutes, so
-#: they go first and every other file packs in beside them. Files sharing a session fixture (the slow UI
-#: suite's deployed run, the Ray cluster) form one group, so the fixture is built once, on one worker.
+#: they go first and every other file packs in beside them. Files sharing a session fixture (the slow
+#: suite's deployed run, the Ray cluster) form one scope, so the fixture is built once, on one worker.
 _FIRST = ("tests/integration/test_pipeline.py", "tests/slow/")
-_GROUPS = {"tests/slow/": "deployed-run", "tests/integration/test_ray_": "ray-cluster"}
+_SCOPES = {"tests/slow/": "deployed-run", "tests/integration/test_ray_": "ray-cluster"}
 
 
-def _group(nodeid: str) -> str:
+def _scope(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return next((g for prefix, g in _GROUPS.items() if path.startswith(prefix)), path)
+    return next((g for prefix, g in _SCOPES.items() if path.startswith(prefix)), path)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the scopes above (a file, or a shared-fixture group of files).
+
+    xdist's own ``loadgroup`` would do this with ``xdist_group`` marks, but with pytest 9.2 and
+    xdist 3.8 here it splits marked tests across workers (checked on a four-test file), so the scope
+    function is given to xdist's scheduler through its documented hook instead."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return Scopes(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test gets an ``xdist_group`` (its file, or a shared-fixture group above): ``loadgroup``
-    then keeps a file's module fixtures on one worker, as ``loadfile`` would. The long files are moved
-    to the front; xdist's default reorder (most tests first) would start them last."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
+    """The long files first (stable: files stay contiguous, tests keep their order). xdist's default
+    reorder (most tests first) would start them last; ``make test`` turns it off."""
 
     def rank(item) -> int:
         return next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)), len(_FIRST))
 
-    items.sort(key=rank)  # stable: files stay contiguous, tests keep their order
+    items.sort(key=rank)
