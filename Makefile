@@ -28,10 +28,13 @@ models/base/config.json: | $(STAMP)
 run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect -> DVC -> MLflow
 	$(BIN)/python -m flows.self_improve --profile $(PROFILE)
 
-test: $(STAMP)   ## unit + integration tests (real stack, tiny model); slow ones: make test-slow
-	$(BIN)/python -m pytest -q tests -m "not slow" -n 2 --dist loadfile   # the e2e pipeline file on one worker, the rest beside it
+# `make test` leaves out the slow suites; APPRENTICE_RUN_SLOW=1 (.ci/run) runs them in the same session, on the
+# worker time the e2e pipeline file leaves free. Scheduling: tests/conftest.py (scopes: a file or a shared-fixture group; long files first).
+TEST_MARKS := $(if $(APPRENTICE_RUN_SLOW),,-m "not slow")
+test: $(STAMP)   ## unit + integration tests (real stack, tiny model); with APPRENTICE_RUN_SLOW=1 the slow suites too
+	$(BIN)/python -m pytest -q -rs tests $(TEST_MARKS) -n 2 --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP)   ## the slow suites (opt-in, not yet in .ci/run): UI in Chromium, deployment + worker, crash kills, Docker, shared stores
+test-slow: $(STAMP)   ## the slow suites alone (.ci/run runs them with make test): UI in Chromium, deployment + worker, crash kills, Docker, Ray, shared stores
 	APPRENTICE_RUN_SLOW=1 APPRENTICE_QUIET=1 $(BIN)/python -m pytest -q -m slow tests
 
 test-unit: $(STAMP)

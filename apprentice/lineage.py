@@ -416,7 +416,8 @@ def register_reference(run_id: str, model_name: str, weights_path: str, root: Pa
     client = MlflowClient()
     with contextlib.suppress(mlflow.exceptions.MlflowException):
         client.create_registered_model(model_name, description="Apprentice agents; weights referenced in DVC")
-    mv = client.create_model_version(model_name, info.model_uri, run_id=run_id,
+    # model_id: a tracking *server* (MLflow 3) refuses a `models:/m-...` source without it; sqlite accepts both
+    mv = client.create_model_version(model_name, info.model_uri, run_id=run_id, model_id=info.model_id,
                                      tags={k: str(v) for k, v in {**tags, "dvc_md5": dvc_md5,
                                                                   "weights_path": weights_path}.items()})
     return str(mv.version)

@@ -73,3 +73,44 @@ def ray_cluster():
                 raise
     yield ray
     ray.shutdown()
+
+
+# ---- scheduling on pytest-xdist (`make test`: -n 2 --dist loadscope --no-loadscope-reorder) -------
+#: Test files that run the whole pipeline, in the order they start: each holds a worker for minutes, so
+#: they go first and every other file packs in beside them. Files sharing a session fixture (the slow
+#: suite's deployed run, the Ray cluster) form one scope, so the fixture is built once, on one worker.
+_FIRST = ("tests/integration/test_pipeline.py", "tests/slow/")
+_SCOPES = {"tests/slow/": "deployed-run", "tests/integration/test_ray_": "ray-cluster"}
+
+
+def _scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return next((g for prefix, g in _SCOPES.items() if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the scopes above (a file, or a shared-fixture group of files).
+
+    xdist's own ``loadgroup`` would do this with ``xdist_group`` marks, but with pytest 9.2 and
+    xdist 3.8 here it splits marked tests across workers (checked on a four-test file), so the scope
+    function is given to xdist's scheduler through its documented hook instead."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return Scopes(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long files first (stable: files stay contiguous, tests keep their order). xdist's default
+    reorder (most tests first) would start them last; ``make test`` turns it off."""
+
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)), len(_FIRST))
+
+    items.sort(key=rank)

@@ -57,7 +57,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
     teacher_dir = teacher_path(paths)
     inputs = [teacher_dir, paths.sft_data, paths.problems]
     stamp = common.fingerprint({"distill": d.model_dump(), "model": cfg.model.model_dump(),
-                                "sft": cfg.sft.model_dump(), "teacher": str(teacher_dir)}, inputs)
+                                "sft": cfg.sft.model_dump(), "teacher": teacher_dir.name}, inputs)
     if common.is_done(paths.student_model, stamp):
         return {"model": str(paths.student_model), "skipped": True, "reason": "outputs up to date"}
 

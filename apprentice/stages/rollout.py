@@ -107,9 +107,14 @@ def model_fingerprint(ref: str) -> str:
 
 
 def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, **settings: Any) -> str:
+    """What an episode table depends on. It is stored in the table (a DVC output), so it holds no
+    absolute path: a local model is named by its folder and identified by its content."""
+    policy = pol_cfg.model_dump()
+    if pol_cfg.kind == "hf" and Path(pol_cfg.model).is_dir():
+        policy["model"] = Path(pol_cfg.model).name
     doc = {
         "specs": sorted(problems["spec"]),
-        "policy": pol_cfg.model_dump(),
+        "policy": policy,
         "model": model_fingerprint(pol_cfg.model) if pol_cfg.kind == "hf" else "",
         "model_cfg": cfg.model.model_dump(exclude={"threads"}),
         "seed": cfg.pipeline.seed,

@@ -69,7 +69,8 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
 
         tmp.write_text(json.dumps({"start_model": {**start, "path": _rel(Path(base), paths.root)}}, indent=1,
                                   sort_keys=True) + "\n")
-    stamp = common.fingerprint({"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "start": base},
+    stamp = common.fingerprint({"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(),
+                                "start": _rel(Path(base), paths.root)},
                                [paths.sft_data, Path(base)])
     if common.is_done(paths.sft_model, stamp):
         return {"model": str(paths.sft_model), "skipped": True, "reason": "outputs up to date"}

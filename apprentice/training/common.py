@@ -393,7 +393,8 @@ def split_timings(src: Path, metrics_out: Path, timings_out: Path) -> None:
 
 def fingerprint(params: Any, inputs: Iterable[Path], code_of: Iterable[str] | None = None) -> dict[str, Any]:
     """What a stage's output depends on: its params, the content (size, sha256) of each input file/model folder (content, not
-    mtime: the stamp is part of a DVC-tracked output, so two clean runs must write the same bytes), and
+    mtime or location: the stamp is part of a DVC-tracked output, so two clean runs must write the same
+    bytes wherever the checkout is; params must not hold absolute paths either), and
     the code it runs: the import closure of ``code_of`` (default: the calling stage's module) and the
     third-party versions (:func:`apprentice.codedeps.digest`), so the plain CLI, like ``dvc repro``,
     retrains after a change to that code or a library upgrade."""
@@ -413,7 +414,8 @@ def fingerprint(params: Any, inputs: Iterable[Path], code_of: Iterable[str] | No
             return [p.stat().st_size, _file_digest(p)]
         return ["missing"]
 
-    blob = json.dumps({"params": params, "inputs": {str(p): describe(p) for p in inputs}, "code": code},
+    # inputs by position, not by path: a clone elsewhere (a second machine, CI) must stamp the same bytes
+    blob = json.dumps({"params": params, "inputs": [describe(p) for p in inputs], "code": code},
                       sort_keys=True, default=str)
     return {"fingerprint": hashlib.sha256(blob.encode()).hexdigest()[:16]}
 

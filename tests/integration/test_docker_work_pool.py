@@ -42,7 +42,8 @@ def test_docker_deployment_registers_and_a_docker_worker_runs_the_quick_profile(
     except Exception:  # noqa: BLE001
         pytest.skip("image apprentice:latest not built; run `make docker` for the worker half of this test")
     run = _prefect(prefect_api, "deployment", "run", "self-improve/docker-quick")
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "DOCKER_HOST": sb._host[0]}
+    # the worker's docker client waits 60 s by default; a vfs engine copies the whole image per container
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "DOCKER_HOST": sb._host[0], "DOCKER_CLIENT_TIMEOUT": "900"}
     worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "apprentice-docker", "--run-once"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

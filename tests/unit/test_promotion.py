@@ -159,3 +159,59 @@ def test_rerun_of_promote_is_idempotent_and_leaves_the_flow_run_running(store, m
     assert again["champion_before"] == 1 and again["p_value"] == first["p_value"]
     assert len(MlflowClient().search_model_versions(f"name='{name}'")) == 2
     assert lineage.aliases(name) == {"champion": "2", "challenger": "2"}
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """A real ``mlflow server`` over HTTP (sqlite backend, proxied artifacts, one worker): a server
+    validates registry calls that a local sqlite store lets through."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    d = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                             f"sqlite:///{d / 'mlflow.db'}", "--artifacts-destination", str(d / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                            stdout=(d / "server.log").open("w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None, (d / "server.log").read_text()[-2000:]
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer in 150 s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_promotion_registers_and_moves_aliases_on_a_tracking_server(tracking_server, tmp_path, monkeypatch):
+    """The registry calls of promote against a tracking server over HTTP (the shared-stores setup):
+    register a version per iteration, move the aliases, find the same version again on a rerun."""
+    from apprentice import lineage
+    from apprentice.stages import promote
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_server)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    cfg = load_config(REPO / "params.yaml")
+    cand, name = cfg.promote.candidate, cfg.promote.registered_model
+    first = promote.run(cfg, _iteration(tmp_path, 1, [True] * 20 + [False] * 10, cand))
+    assert first["promoted"] and first["version"] == 1
+    worse = promote.run(cfg, _iteration(tmp_path, 2, [True] * 8 + [False] * 22, cand))
+    assert not worse["promoted"] and worse["version"] == 2
+    assert lineage.aliases(name) == {"champion": "1", "challenger": "2"}
+    again = promote.run(cfg, Paths(tmp_path, 2))  # a rerun: the same weights find their version
+    assert again["version"] == 2 and lineage.aliases(name) == {"champion": "1", "challenger": "2"}

@@ -32,6 +32,24 @@ def test_stage_fingerprint_follows_content_not_mtime(tmp_path):
     assert common.fingerprint({"a": 1}, [f, tmp_path]) != before
 
 
+def test_fingerprints_do_not_depend_on_where_the_checkout_is(tmp_path):
+    """A clone at another path (a second machine, CI) must stamp the same bytes into its outputs."""
+    from apprentice.config import PolicyConfig
+    from apprentice.stages import rollout
+
+    stamps, tables = [], []
+    for where in ("machine1", "elsewhere/machine2"):
+        model = tmp_path / where / "models" / "sft"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text("{}")
+        data = tmp_path / where / "sft.parquet"
+        data.write_bytes(b"rows")
+        stamps.append(common.fingerprint({"a": 1}, [data, model]))
+        problems = pd.DataFrame({"spec": ["{}"]})
+        tables.append(rollout.fingerprint(problems, PolicyConfig(kind="hf", model=str(model)), Config()))
+    assert stamps[0] == stamps[1] and tables[0] == tables[1]
+
+
 def test_model_folder_metrics_hold_no_wall_clock(tmp_path):
     src = tmp_path / "work.jsonl"
     src.write_text(json.dumps({"stage": "sft", "step": 1, "time": 3.2, "loss": 0.5}) + "\n"
