@@ -128,6 +128,20 @@ def test_sft_logs_trains_resumes_from_checkpoint_and_skips_when_done(tmp_path, t
     # the loss masking or its normalisation moves them; a resume must not (it replays the same batches)
     assert [r["loss"] for r in rows] == pytest.approx([10.83373, 10.79577, 10.76389], rel=1e-4)
     assert "time" not in rows[0]  # wall clock stays out of the DVC output (models/iter_k/.timings/)
+    # DVCLive's files in the model folder (what dvc.yaml's plots/metrics declare) hold the same curve,
+    # continued across the resume (steps 1, 2, 3 once each), and no wall-clock metric
+    from apprentice import curves
+
+    live = paths.sft_model / curves.DVCLIVE_DIR
+    logged = [r for r in curves.read_dvclive(live) if "loss" in r]
+    assert [r["step"] for r in logged] == [1, 2, 3]
+    assert [r["loss"] for r in logged] == [r["loss"] for r in rows]
+    assert [r["num_tokens"] for r in logged] == tokens
+    assert (live / "plots/metrics/loss.tsv").read_text().splitlines()[0] == "step\tloss"
+    summary = curves.summary(live)
+    assert summary["step"] == 3 and summary["loss"] == rows[-1]["loss"]
+    assert summary["train"]["loss"] == result["train_loss"]  # HF's train_loss, DVCLive's train/loss
+    assert "train_runtime" not in summary and not (live / "plots/metrics/train_runtime.tsv").exists()
     assert _changed(paths.sft_model, tiny_model_dir) > 0
     cfg_json = json.loads((paths.sft_model / "config.json").read_text())
     assert cfg_json["use_cache"] is True  # pitfall 6 fixed before saving
