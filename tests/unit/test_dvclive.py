@@ -152,8 +152,8 @@ def test_dvc_yaml_declares_the_dvclive_plots_and_metrics():
     assert "models/iter_1/sft/dvclive" in report_deps and not [d for d in report_deps if d.endswith(".jsonl")]
 
 
-def test_dvc_plots_show_renders_the_dvclive_curve(tmp_path, monkeypatch, capsys):
-    """`dvc plots show` / `dvc metrics show` (DVC's CLI, in-process) on a repo whose dvc.yaml declares a
+def test_dvc_plots_show_renders_the_dvclive_curve(tmp_path, monkeypatch, capfd):
+    """`dvc plots show` (DVC's CLI, in-process) and DVC's metrics on a repo whose dvc.yaml declares a
     DVCLive folder the way dvcgen does."""
     from dvc.cli import main as dvc
 
@@ -164,11 +164,14 @@ def test_dvc_plots_show_renders_the_dvclive_curve(tmp_path, monkeypatch, capsys)
     assert dvc(["init", "--no-scm", "-q"]) == 0
     (tmp_path / "dvc.yaml").write_text(
         "plots:\n- models/sft/dvclive/plots/metrics:\n    x: step\nmetrics:\n- models/sft/dvclive/metrics.json\n")
-    capsys.readouterr()
+    capfd.readouterr()
     assert dvc(["plots", "show", "--json"]) == 0
-    loss = json.loads(capsys.readouterr().out)["data"]["models/sft/dvclive/plots/metrics/loss.tsv"]
+    loss = json.loads(capfd.readouterr().out)["data"]["models/sft/dvclive/plots/metrics/loss.tsv"]
     points = [(int(p["step"]), float(p["loss"])) for d in loss for p in d["content"]["data"]["values"]]
     assert points == [(1, 0.5), (2, 0.25), (3, 0.125)]
-    assert dvc(["metrics", "show", "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert shown["workspace"]["data"]["models/sft/dvclive/metrics.json"]["data"]["loss"] == 0.125
+    from dvc.repo import Repo
+
+    shown = Repo(str(tmp_path)).metrics.show()  # what `dvc metrics show` / `dvc exp show` print
+    (workspace,) = shown.values()  # one revision: the workspace ("" without Git)
+    metrics = workspace["data"]["models/sft/dvclive/metrics.json"]["data"]
+    assert metrics == curves.summary(tmp_path / "models/sft/dvclive") and metrics["loss"] == 0.125
