@@ -167,7 +167,7 @@ def figure(rows: list[dict], path: Path, profile: str) -> None:
     spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "width": 560, "height": 240,
             "title": f"curriculum samplers, {profile} profile (dvc exp)", "data": {"values": values},
             "encoding": {"x": x, "xOffset": {"field": "model", "sort": models},
-                         "color": {"field": "model", "sort": models}},
+                         "color": {"field": "model", "type": "nominal", "sort": models}},
             "layer": [{"mark": "bar", "encoding": {"y": {"field": "success", "type": "quantitative",
                                                          "title": "held-out success (95 % CI)",
                                                          "scale": {"domain": [0, 1]}}}},
