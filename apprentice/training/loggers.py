@@ -2,8 +2,7 @@
 
 The trainers call ``[logged, *loggers.callbacks(stage, logged), *callbacks]`` (``logged``: their
 ``common.MetricsCallback``), so a logger added here reaches SFT, GRPO and distillation without
-touching the three trainers again.
-Today:
+touching the three trainers again. Today:
 
 * :class:`CheckpointProgress`: saving a checkpoint says so, with its duration and the training ETA
   (the HF bar stands still while it saves).
@@ -17,12 +16,15 @@ Today:
 Why a subclass and not ``report_to="dvclive"``: the rows it logs are ``MetricsCallback``'s (a resumed
 run continues TRL's ``num_tokens`` and the summary ``train_loss`` instead of restarting them, at the
 checkpoint's ``global_step``, not a private step counter), without wall-clock fields (the model
-folder is a DVC output: two seeded runs must write the same bytes), and without the side effects
-DVCLive has outside a plain script: ``Live.end()`` ``git add``s/``dvc add``s its folder under
+folder is a DVC output: two seeded runs must write the same bytes), and without DVCLive's repository
+side effects: ``Live.end()`` ``git add``s/``dvc add``s its folder under
 ``dvc exp run``, and ``Live()`` *initialises DVC* in an enclosing Git repo that has none. Under
 ``dvc repro`` DVCLive's documented pipeline mode applies (``save_dvc_exp=False``, ``dvcyaml=None``:
-the pipeline's ``dvc.yaml`` declares the files); :class:`_StageLive` also skips its repository
-probe, so it writes files and nothing else (no experiment, no commit, no ``.dvc``).
+the pipeline's ``dvc.yaml`` declares the files); ``_stage_live`` also skips its repository probe, so
+it writes its folder and nothing else (no experiment, no commit, no ``.dvc``; only, inside a DVC
+repo, the VS Code extension's step signal under the DVC-ignored ``.dvc/tmp``, cleared at the end). ``report_to``
+stays ``"none"`` (``common.trl_args``): with dvclive installed, ``"all"`` would add the stock callback,
+which writes ``./dvclive`` and saves a DVC experiment at the end.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from transformers.integrations import DVCLiveCallback
 
 from apprentice.curves import DVCLIVE_DIR, trim_dvclive
 from apprentice.progress import _fmt
+from apprentice.training.common import WALL_CLOCK_KEYS
 
-#: Row fields that are not metrics, or vary run to run (kept in ``.timings``, see ``common.WALL_CLOCK_KEYS``).
-_NOT_LOGGED = ("stage", "step", "time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+#: Row fields that are not metrics, or vary run to run (those go to ``.timings`` and MLflow only).
+_NOT_LOGGED = ("stage", "step", *WALL_CLOCK_KEYS)
 
 
 def callbacks(stage: str, metrics: Any = None) -> list[Any]:
