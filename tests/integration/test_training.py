@@ -191,6 +191,10 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
     rows = read_metrics(paths.rl_model / METRICS_FILE)
     step = next(r for r in rows if "loss" in r)
     assert "rewards/EchoEnv/mean" in step and "reward" in step  # the environment's get_reward is wired in
+    from apprentice import curves
+
+    live = curves.read_dvclive(paths.rl_model / curves.DVCLIVE_DIR)  # GRPO's curves reach DVC's plots too
+    assert any("rewards/EchoEnv/mean" in r and "loss" in r for r in live), live
     order = json.loads((paths.rl_model / "curriculum.json").read_text())["order"]
     from apprentice.training.curriculum import order_by_difficulty
     from apprentice.trajectories import read_parquet
@@ -221,6 +225,9 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
     assert student.config.num_hidden_layers == 2  # layers 0 and 3 of 4
     rows = read_metrics(paths.student_model / METRICS_FILE)
     assert {r["stage"] for r in rows if "loss" in r} == {"student_warmup", "distill"}
+    from apprentice import curves
+
+    assert [r["step"] for r in curves.read_dvclive(paths.student_model / curves.DVCLIVE_DIR)] == [1]  # distillation's
     pruned = build_student(load_model(paths.sft_model), "prune", 3)
     init = pruned.state_dict()
     trained = student.state_dict()
