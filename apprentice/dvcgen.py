@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from apprentice.config import ConfigError, load_raw, read_yaml
+from apprentice.curves import DVCLIVE_DIR
 from apprentice.stages.evaluate_all import POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,7 +89,7 @@ PARAMS: dict[str, list[str]] = {
     "report": [],
 }
 
-#: Training stages whose ``metrics.jsonl`` becomes a DVC plot: (stage, model dir name).
+#: Training stages whose DVCLive folder (``<model>/dvclive``) holds DVC plots + metrics: (stage, model dir name).
 CURVES = [("sft", "sft"), ("rl", "rl"), ("distill", "student")]
 
 #: ``model.base`` values that prepare-base builds (the embedded SmolLM2, the quick profile's tiny Llama).
@@ -242,7 +243,7 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                         "metrics": [{f"{r}/promotion.json": {"cache": False}}]},
             # index.html: the iteration's one-page report (gate exclusions from the teacher rows,
             # the champion trend from every earlier promotion); eval.md: every iteration's models on the benchmark
-            "report": {"deps": [f"{m}/{out}/metrics.jsonl" for _, out in CURVES] + [f"{d}/eval", "data/benchmark/eval"]
+            "report": {"deps": [f"{m}/{out}/{DVCLIVE_DIR}" for _, out in CURVES] + [f"{d}/eval", "data/benchmark/eval"]
                        + [f"data/iter_{j}/eval" for j in range(1, k)]
                        + [f"{r}/gate.json", f"{d}/teacher.parquet"]
                        + [f"reports/iter_{j}/promotion.json" for j in range(1, k + 1)],
@@ -267,8 +268,10 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                                 "deps": spec["deps"] + io[stage]["per_model"][policy],
                                 "outs": eval_outputs(policy, k)}
         metrics.extend(out for p in EVAL_POLICIES for out in eval_outputs(p, k)[1:] if out not in metrics)
-        plots.extend({f"{r}/curves/{name}.csv": {"x": "step", "y": "loss", "title": f"iteration {k}: {name} loss"}}
-                     for name, _ in CURVES)
+        # the training curves: each stage's DVCLive folder as DVCLive declares it itself (every
+        # plots/metrics/<name>.tsv against step), and its metrics.json for `dvc exp show` / `dvc metrics`
+        plots.extend({f"{m}/{out}/{DVCLIVE_DIR}/plots/metrics": {"x": "step"}} for _, out in CURVES)
+        metrics.extend(f"{m}/{out}/{DVCLIVE_DIR}/metrics.json" for _, out in CURVES)
     return {"stages": stages, "metrics": metrics, "plots": plots}
 
 

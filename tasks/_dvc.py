@@ -52,7 +52,8 @@ _ARTIFACTS = {"validate": ["reports/iter_{k}/gate.html", "reports/iter_{k}/gate.
               "promote": ["reports/iter_{k}/promotion.json"],
               "report": ["reports/iter_{k}/index.html", "reports/iter_{k}/curves/eval.md"] + [f"reports/iter_{{k}}/curves/{c}.png"
                                                                for c, _ in dvcgen.CURVES]}
-_STEP_METRICS = {stage: f"models/iter_{{k}}/{out}/metrics.jsonl" for stage, out in dvcgen.CURVES}
+#: Each training stage's DVCLive folder (apprentice/curves.py): MLflow's step metrics come from the files DVC plots.
+_STEP_METRICS = {stage: f"models/iter_{{k}}/{out}/dvclive" for stage, out in dvcgen.CURVES}
 
 
 def stage_env(repo: Path, run_id: str | None) -> dict[str, str]:
