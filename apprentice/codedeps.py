@@ -56,9 +56,24 @@ def _module_name(path: Path, repo: Path) -> str:
     return ".".join(parts)
 
 
+def _parse(path: Path) -> ast.Module:
+    """``ast.parse``, retried on CPython 3.11's spurious "AST constructor recursion depth mismatch"
+    (python/cpython#106905, fixed in 3.11.8): Debian bookworm's 3.11.2, the pipeline image's Python,
+    raises it now and then when a flow runs this in a worker thread. The source is the same, so a
+    second parse succeeds; a real syntax error still raises at once."""
+    source = Path(path).read_text()
+    for attempt in range(3):
+        try:
+            return ast.parse(source, filename=str(path))
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def imports_of(path: Path, repo: Path = REPO) -> set[str]:
     """Project modules ``path`` imports anywhere (top level, in functions, importlib with a constant)."""
-    tree = ast.parse(Path(path).read_text(), filename=str(path))
+    tree = _parse(Path(path))
     me = _module_name(Path(path), repo)
     pkg = me if Path(path).name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()

@@ -13,7 +13,7 @@ Pieces (all plain functions over pandas / numpy, scikit-learn does the fitting):
     entropy over the problem text);
   * :class:`DifficultyPredictor`  standardised logistic regression fitted on episode outcomes;
   * :func:`calibration`  AUC, Brier score, expected calibration error (equal-width bins);
-    :func:`reliability_table` / :func:`reliability_plot` (matplotlib, Agg backend, offline PNG);
+    :func:`reliability_table` / :func:`reliability_plot` (Vega-Lite via vl-convert, offline PNG);
   * :func:`residual_flags`  per-problem one-sided binomial tests of the observed successes against
     the predicted probability; :func:`detection_rates` scores them against planted labels.
 
@@ -133,29 +133,33 @@ def calibration(y: Sequence[int] | np.ndarray, p: Sequence[float] | np.ndarray, 
 
 def reliability_plot(y: Sequence[int], p: Sequence[float], path: str | Path, bins: int = 10,
                      title: str = "Reliability") -> Path:
-    """Reliability diagram (observed vs predicted per bin, bar width ~ count) as a PNG, offline."""
-    import matplotlib
+    """Reliability diagram (observed vs predicted per bin, each point labelled with its count) as a
+    PNG, offline: Vega-Lite rendered by ``vl-convert`` (bundled engine), the project's one plotting stack."""
+    import json
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import vl_convert as vlc
 
     from apprentice.paths import atomic_path
 
     tab = reliability_table(y, p, bins)
     m = calibration(y, p, bins)
-    fig, ax = plt.subplots(figsize=(4.2, 4.2), dpi=120)
-    ax.plot([0, 1], [0, 1], ls="--", c="grey", lw=1, label="perfect")
-    ax.plot(tab["confidence"], tab["accuracy"], marker="o", label="predictor")
-    for r in tab.itertuples():
-        ax.annotate(str(r.count), (r.confidence, r.accuracy), fontsize=7, xytext=(3, -9), textcoords="offset points")
-    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted success", ylabel="observed success",
-           title=f"{title}\nAUC {m['auc']:.3f}  Brier {m['brier']:.3f}  ECE {m['ece']:.3f}")
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
+    points = json.loads(tab[["confidence", "accuracy", "count"]].to_json(orient="records"))
+    x = {"field": "confidence", "type": "quantitative", "title": "predicted success", "scale": {"domain": [0, 1]}}
+    yy = {"field": "accuracy", "type": "quantitative", "title": "observed success", "scale": {"domain": [0, 1]}}
+    spec = {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json", "width": 360, "height": 360,
+        "title": {"text": title, "subtitle": f"AUC {m['auc']:.3f}  Brier {m['brier']:.3f}  ECE {m['ece']:.3f}"},
+        "layer": [
+            {"data": {"values": [{"confidence": 0, "accuracy": 0}, {"confidence": 1, "accuracy": 1}]},
+             "mark": {"type": "line", "strokeDash": [4, 4], "color": "grey"}, "encoding": {"x": x, "y": yy}},
+            {"data": {"values": points}, "mark": {"type": "line", "point": True}, "encoding": {"x": x, "y": yy}},
+            {"data": {"values": points}, "mark": {"type": "text", "dx": 8, "dy": 10, "fontSize": 9},
+             "encoding": {"x": x, "y": yy, "text": {"field": "count", "type": "quantitative"}}},
+        ],
+    }
     path = Path(path)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+        tmp.write_bytes(vlc.vegalite_to_png(spec, scale=1.5))
     return path
 
 

@@ -210,10 +210,11 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                                     "deps": spec["deps"] + [_entry(d) for d in mio.deps],
                                     "outs": [_entry(o) for o in mio.outs]}
                 metrics.extend(o for o in [_entry(mio.outs[-1])] if o not in metrics)  # its metrics JSON
-        curves = Paths(_REL, k).curves_dir
-        plots.extend({(curves / f"{s.name}.csv").as_posix(): {"x": "step", "y": "loss",
-                                                               "title": f"iteration {k}: {s.name} loss"}}
-                     for s in registry.curve_stages())
+        # the training curves: each stage's DVCLive folder as DVCLive declares it itself (every
+        # plots/metrics/<name>.tsv against step), and its metrics.json for `dvc exp show` / `dvc metrics`
+        live = [registry.curve_dir(Paths(_REL, k), s) for s in registry.curve_stages()]
+        plots.extend({(d / "plots" / "metrics").as_posix(): {"x": "step"}} for d in live)
+        metrics.extend((d / "metrics.json").as_posix() for d in live)
     return {"stages": stages, "metrics": metrics, "plots": plots}
 
 

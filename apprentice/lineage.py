@@ -4,7 +4,7 @@ Layout of the store (one MLflow experiment, ``lineage.experiment``):
 
 * one **parent run per iteration** (``iter-<k>``; tags: iteration, profile, git commit);
 * one **nested run per stage** (tags ``dvc.stage``, ``dvc.executed``; the stage's params; per-step
-  metrics read from the stage's ``metrics.jsonl``; its DVC inputs and outputs as ``mlflow.data``
+  metrics read from the stage's DVCLive files (``apprentice.curves``, the same files DVC plots); its DVC inputs and outputs as ``mlflow.data``
   datasets whose digest is the DVC md5 from ``dvc.lock``);
 * the **registry**: each iteration's candidate model registered **by reference** (a tiny pyfunc
   whose ``model_config`` holds the weights path, DVC md5 and git commit; the weights stay in DVC,
@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from apprentice import curves
 
 # Set before mlflow is imported anywhere in this process (its env vars are read lazily, but early is safe).
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -338,8 +340,8 @@ def log_stage(run_id: str, stage: str | Sequence[str], workdir: Path, executed: 
         client.log_inputs(run_id, datasets=inputs)
     _log_tags(client, run_id, {f"dvc.md5.{k}"[:250]: v for k, v in hashes.items()})
     n = 0
-    for f in metrics_files:
-        n += log_step_metrics(run_id, read_jsonl(f))
+    for f in metrics_files:  # a DVCLive folder (training curves) or a JSONL file (wall-clock rows)
+        n += log_step_metrics(run_id, curves.read_dvclive(f) if Path(f).is_dir() else read_jsonl(f))
     if result:
         scalars = {k: float(v) for k, v in flatten(result).items()
                    if isinstance(v, int | float) and not isinstance(v, bool)}

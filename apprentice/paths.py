@@ -15,6 +15,8 @@ from pathlib import Path
 DEFAULT_BASE = "models/base"
 TINY_BASE = "models/tiny"
 BUILT_BASES = (DEFAULT_BASE, TINY_BASE)
+#: DVCLive's folder inside a training stage's work dir, then inside its model folder (:mod:`apprentice.curves`).
+DVCLIVE_DIR = "dvclive"
 
 
 @dataclass(frozen=True)

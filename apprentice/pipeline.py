@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apprentice.paths import Paths
+from apprentice.paths import DVCLIVE_DIR, Paths
 
 #: Retries of the stages that talk to a teacher/policy (network endpoints fail transiently).
 ROLLOUT_RETRIES = int(os.environ.get("APPRENTICE_ROLLOUT_RETRIES", "2"))
@@ -110,7 +110,7 @@ class Stage:
     tags: tuple[str, ...] = ()
     #: files lineage attaches to the stage run
     artifacts: Callable[[Paths], list[Path]] = _none
-    #: a training stage's model folder name: its ``metrics.jsonl`` is the per-step curve (MLflow, DVC plot)
+    #: a training stage's model folder name: its DVCLive folder holds the per-step curves (DVC plots, MLflow)
     curve: str | None = None
     #: builds environments, so it also runs the plugin modules params list (``envs.modules``)
     builds_envs: bool = False
@@ -184,7 +184,7 @@ def _report(w: Where) -> IO:
     # index.html: the iteration's one-page report (gate exclusions from the teacher rows, the champion
     # trend from every earlier promotion); eval.md: every iteration's models on the benchmark
     p, k = w.paths, w.paths.iteration
-    return IO(deps=[curve_file(p, s) for s in curve_stages()] + [p.eval_dir, p.benchmark_eval_dir]
+    return IO(deps=[curve_dir(p, s) for s in curve_stages()] + [p.eval_dir, p.benchmark_eval_dir]
               + [w.at(j).eval_dir for j in range(1, k)] + [p.gate_record, p.teacher_trajectories]
               + [w.at(j).promotion for j in range(1, k + 1)],
               outs=[NoCache(p.curves_dir), NoCache(p.report_page)])
@@ -270,12 +270,13 @@ def iteration_stages() -> list[str]:
     return [s.name for s in STAGES if s.in_pipeline and s.per_iteration]
 
 
-def curve_file(paths: Paths, stage: Stage) -> Path:
-    """A training stage's per-step metrics: ``models/iter_k/<curve>/metrics.jsonl``."""
+def curve_dir(paths: Paths, stage: Stage) -> Path:
+    """A training stage's DVCLive folder (``models/iter_k/<curve>/dvclive``): DVC plots and metrics,
+    and MLflow's step metrics (:mod:`apprentice.curves`)."""
     assert stage.curve, f"stage {stage.name} trains no model"
-    return paths.models / stage.curve / "metrics.jsonl"
+    return paths.models / stage.curve / DVCLIVE_DIR
 
 
 def curve_stages() -> list[Stage]:
-    """Training stages whose per-step ``metrics.jsonl`` is a curve (MLflow step metrics, DVC plots)."""
+    """Training stages whose DVCLive folder holds their curves (DVC plots + metrics, MLflow step metrics)."""
     return [s for s in STAGES if s.in_pipeline and s.curve]

@@ -26,9 +26,10 @@ from typing import Any
 
 import yaml
 
+from apprentice import curves as dvclive_files
 from apprentice.paths import Paths, atomic_path, eval_jsons
 
-#: Training stages and the model folder whose ``metrics.jsonl`` holds their per-step logs.
+#: Training stages and the model folder whose ``dvclive/`` (or ``metrics.jsonl``) holds their per-step logs.
 TRAINING = [("sft", "sft"), ("rl", "rl"), ("distill", "student")]
 #: Metrics drawn first when a stage logs them (TRL's names); the rest stay in the per-stage table.
 PREFERRED = ["loss", "reward", "reward_std", "kl", "entropy", "grad_norm", "learning_rate", "teacher_loss",
@@ -101,7 +102,9 @@ def curves(paths: Paths) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for stage, folder in TRAINING:
         rows = []
-        for i, r in enumerate(_jsonl(paths.models / folder / "metrics.jsonl")):
+        live = paths.models / folder / dvclive_files.DVCLIVE_DIR  # the DVCLive files DVC plots (else the JSONL log)
+        logged = dvclive_files.read_dvclive(live) if live.is_dir() else _jsonl(paths.models / folder / "metrics.jsonl")
+        for i, r in enumerate(logged):
             step = _num(r.get("step", r.get("global_step", i)))
             nums = {k: v for k, v in ((k, _num(v)) for k, v in r.items()) if v is not None and k != "global_step"}
             nums["step"] = step if step is not None else float(i)

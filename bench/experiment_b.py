@@ -51,13 +51,12 @@ from apprentice.stages import evolve as evolve_stage  # noqa: E402
 from apprentice.trajectories import read_parquet, specs_of  # noqa: E402
 
 
-def _plt():
-    import matplotlib
+def _png(spec: dict, path: Path) -> None:
+    """A Vega-Lite chart as a PNG, offline (vl-convert: the project's one plotting stack)."""
+    import vl_convert as vlc
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    path.write_bytes(vlc.vegalite_to_png({"$schema": "https://vega.github.io/schema/vega-lite/v5.json", **spec},
+                                         scale=1.5))
 
 
 def evolution(args) -> tuple[dict, pd.DataFrame, dict[str, ProblemSpec]]:
@@ -70,21 +69,21 @@ def evolution(args) -> tuple[dict, pd.DataFrame, dict[str, ProblemSpec]]:
     ref = read_parquet(out / "reference.parquet")
     specs = {s.problem_id: s for g in range(args.generations + 1)
              for s in specs_of(read_parquet(out / f"gen_{g}.parquet"))}
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=120)
     gens = res["generations"]
-    x = [g["generation"] for g in gens]
-    y = [g["pass_rate"] for g in gens]
-    err = [[g["pass_rate"] - g["ci_low"] for g in gens], [g["ci_high"] - g["pass_rate"] for g in gens]]
-    ax.errorbar(x, y, yerr=err, marker="o", capsize=4, lw=2, label="all (95% Wilson)")
-    for fam in args.families:
-        ax.plot(x, [g["by_family"].get(fam, np.nan) for g in gens], ls="--", marker=".", alpha=0.7, label=fam)
-    ax.set(xlabel="generation", ylabel="reference pass rate", ylim=(0, 1), xticks=x,
-           title=f"Evolution: noisy oracle (eps={args.epsilon}), {args.samples} eps/problem")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(Path(args.figures) / "b_evolution.png")
-    plt.close(fig)
+    values = [{"generation": g["generation"], "series": "all (95% Wilson)", "rate": g["pass_rate"],
+               "low": g["ci_low"], "high": g["ci_high"]} for g in gens]
+    values += [{"generation": g["generation"], "series": fam, "rate": g["by_family"][fam]}
+               for fam in args.families for g in gens if fam in g["by_family"]]
+    gx = {"field": "generation", "type": "ordinal"}
+    y = {"field": "rate", "type": "quantitative", "title": "reference pass rate", "scale": {"domain": [0, 1]}}
+    _png({"width": 420, "height": 260, "data": {"values": values},
+          "title": f"Evolution: noisy oracle (eps={args.epsilon}), {args.samples} eps/problem",
+          "layer": [{"mark": {"type": "line", "point": True},
+                     "encoding": {"x": gx, "y": y, "color": {"field": "series"},
+                                  "strokeDash": {"field": "series", "legend": None}}},
+                    {"transform": [{"filter": "isValid(datum.low)"}], "mark": "rule",
+                     "encoding": {"x": gx, "y": {"field": "low", "type": "quantitative"}, "y2": {"field": "high"}}}]},
+         Path(args.figures) / "b_evolution.png")
     res["wall_s"] = round(time.time() - t0, 1)
     return res, ref, specs
 
@@ -167,19 +166,22 @@ def flaws(args, model: DifficultyPredictor, feats: pd.DataFrame, specs: dict[str
         res[f"{kind}_detected_where_detectable"] = float((flagged.loc[m, "flag"] == flag).mean()) if m.any() else None
     res["alpha"] = args.alpha
     res["samples_per_problem"] = args.flaw_samples
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=120)
-    for kind, c in (("clean", "grey"), ("infeasible", "red"), ("leaked", "blue")):
-        d = flagged[flagged["kind"] == kind]
-        ax.scatter(d["predicted"], d["observed"] + rng.uniform(-0.015, 0.015), s=14, c=c, alpha=0.7, label=kind)
-    ax.plot([0, 1], [0, 1], ls="--", c="k", lw=0.8)
-    ax.set(xlabel="predicted success", ylabel=f"observed ({args.flaw_samples} episodes)",
-           title=f"Residuals: infeasible {res['infeasible_detected']:.0%}, leaked {res['leaked_detected']:.0%}, "
-                 f"false {res['clean_false_flag_rate']:.0%}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(Path(args.figures) / "b_residuals.png")
-    plt.close(fig)
+    kinds = ["clean", "infeasible", "leaked"]
+    points = [{"kind": k, "predicted": float(p), "observed": float(o) + float(rng.uniform(-0.015, 0.015))}
+              for k in kinds for p, o in flagged.loc[flagged["kind"] == k, ["predicted", "observed"]].itertuples(
+                  index=False)]
+    px = {"field": "predicted", "type": "quantitative", "title": "predicted success"}
+    py = {"field": "observed", "type": "quantitative", "title": f"observed ({args.flaw_samples} episodes)"}
+    _png({"width": 420, "height": 260,
+          "title": f"Residuals: infeasible {res['infeasible_detected']:.0%}, leaked {res['leaked_detected']:.0%}, "
+                   f"false {res['clean_false_flag_rate']:.0%}",
+          "layer": [{"data": {"values": points}, "mark": {"type": "point", "filled": True, "opacity": 0.7},
+                     "encoding": {"x": px, "y": py, "color": {"field": "kind", "sort": kinds,
+                                                              "scale": {"range": ["grey", "red", "blue"]}}}},
+                    {"data": {"values": [{"predicted": 0, "observed": 0}, {"predicted": 1, "observed": 1}]},
+                     "mark": {"type": "line", "strokeDash": [4, 4], "color": "black"},
+                     "encoding": {"x": px, "y": py}}]},
+         Path(args.figures) / "b_residuals.png")
     return res
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -261,44 +260,48 @@ def summarise(results: dict[str, dict], baseline: dict) -> list[dict]:
 
 
 def plots(results: dict[str, dict], table: list[dict], figures: Path) -> list[str]:
-    import matplotlib
+    """Two figures of two panels each, Vega-Lite rendered offline by vl-convert (the project's one plotting stack)."""
+    import vl_convert as vlc
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def png(panels: list[dict], name: str) -> str:
+        spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "hconcat": panels}
+        p = figures / name
+        p.write_bytes(vlc.vegalite_to_png(spec, scale=1.2))
+        return str(p)
+
+    def panel(values: list[dict], x: str, y: str, title: str, xtitle: str, ytitle: str) -> dict:
+        return {"width": 380, "height": 250, "title": title, "data": {"values": values},
+                "mark": {"type": "line", "point": True},
+                "encoding": {"x": {"field": x, "type": "quantitative", "title": xtitle},
+                             "y": {"field": y, "type": "quantitative", "title": ytitle, "scale": {"zero": False}},
+                             "color": {"field": "variant", "type": "nominal"}}}
 
     figures.mkdir(parents=True, exist_ok=True)
-    out = []
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name in ("opd", "grpo", "atod"):
-        if name in results:
-            rows = results[name]["rows"]
-            ax[0].plot([x["step"] for x in rows], [x["opd/reward"] for x in rows], marker="o", label=name)
-            ax[1].plot([x["step"] for x in rows], [x["opd/success"] for x in rows], marker="o", label=name)
-    ax[0].set(xlabel="step", ylabel="rollout reward (student, sampled)", title="(a) OPD vs GRPO: reward")
-    ax[1].set(xlabel="step", ylabel="rollout success", title="(a) OPD vs GRPO: success")
-    ax[0].legend()
-    fig.tight_layout()
-    p = figures / "c_opd_vs_grpo.png"
-    fig.savefig(p, dpi=110)
-    out.append(str(p))
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    runs = [{"variant": name, "step": x["step"], "reward": x.get("opd/reward"), "success": x.get("opd/success")}
+            for name in ("opd", "grpo", "atod") if name in results for x in results[name]["rows"]]
+    out = [png([panel(runs, "step", "reward", "(a) OPD vs GRPO: reward", "step", "rollout reward (student, sampled)"),
+                panel(runs, "step", "success", "(a) OPD vs GRPO: success", "step", "rollout success")],
+               "c_opd_vs_grpo.png")]
+    kl, slope = [], []
     for row in table:
         if row["variant"] in ("opd", "guided", "dash", "tcod"):
-            kl = row["kl_by_turn"]
-            ax[0].plot(list(kl), list(kl.values()), marker="o", label=row["variant"])
-            rows = results[row["variant"]]["rows"]
-            ax[1].plot([x["step"] for x in rows], [x.get("opd/kl_slope", math.nan) for x in rows], marker=".",
-                       label=row["variant"])
-    ax[0].set(xlabel="assistant turn index", ylabel="mean per-token JSD (student turns)",
-              title="(b) divergence by turn (mean over steps)")
-    ax[1].axhline(0, color="grey", lw=0.5)
-    ax[1].set(xlabel="step", ylabel="slope of KL over turn index", title="(b) per-step KL slope")
-    ax[0].legend()
-    fig.tight_layout()
-    p = figures / "c_kl_by_turn.png"
-    fig.savefig(p, dpi=110)
-    out.append(str(p))
+            kl += [{"variant": row["variant"], "turn": float(t), "jsd": v} for t, v in row["kl_by_turn"].items()]
+            slope += [{"variant": row["variant"], "step": x["step"], "slope": x.get("opd/kl_slope")}
+                      for x in results[row["variant"]]["rows"] if x.get("opd/kl_slope") is not None]
+    out.append(png([panel(kl, "turn", "jsd", "(b) divergence by turn (mean over steps)", "assistant turn index",
+                          "mean per-token JSD (student turns)"),
+                    _with_zero_line(panel(slope, "step", "slope", "(b) per-step KL slope", "step",
+                                          "slope of KL over turn index"))],
+                   "c_kl_by_turn.png"))
     return out
+
+
+def _with_zero_line(unit: dict) -> dict:
+    """``unit`` with a grey rule at y = 0 drawn over it (size and title stay on the layer)."""
+    outer = {k: unit.pop(k) for k in ("width", "height", "title")}
+    zero = {"data": {"values": [{"zero": 0}]}, "mark": {"type": "rule", "color": "grey"},
+            "encoding": {"y": {"field": "zero", "type": "quantitative"}}}
+    return {**outer, "layer": [unit, zero]}
 
 
 def main() -> None:

@@ -157,33 +157,24 @@ def table(rows: list[dict], profile: str) -> str:
 
 
 def figure(rows: list[dict], path: Path, profile: str) -> None:
-    import matplotlib
+    """Grouped bars with 95 % intervals, Vega-Lite rendered offline by vl-convert (the project's one plotting stack)."""
+    import vl_convert as vlc
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [r["experiment"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    models = [("sft", "tab:gray"), ("rl", "tab:blue")]
-    if any(r.get("student") and r["student"][0] is not None for r in rows):
-        models.append(("student", "tab:orange"))
-    width = 0.8 / len(models)
-    for j, (model, color) in enumerate(models):
-        for i, r in enumerate(rows):
-            v = r.get(model)
-            if not v or v[0] is None:
-                continue
-            x = i + (j - (len(models) - 1) / 2) * width
-            ax.bar(x, v[0], width=width, color=color, label=model if i == 0 else None)
-            ax.errorbar(x, v[0], yerr=[[v[0] - v[1]], [v[2] - v[0]]], color="k", capsize=3)
-    ax.set_xticks(range(len(names)), names, rotation=15)
-    ax.set_ylabel("held-out success (95 % CI)")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"curriculum samplers, {profile} profile (dvc exp)")
-    ax.legend()
-    fig.tight_layout()
+    models = ["sft", "rl"] + (["student"] if any(r.get("student") and r["student"][0] is not None for r in rows) else [])
+    values = [{"experiment": r["experiment"], "model": m, "success": r[m][0], "low": r[m][1], "high": r[m][2]}
+              for r in rows for m in models if r.get(m) and r[m][0] is not None]
+    x = {"field": "experiment", "type": "nominal", "sort": [r["experiment"] for r in rows], "axis": {"labelAngle": -15}}
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "width": 560, "height": 240,
+            "title": f"curriculum samplers, {profile} profile (dvc exp)", "data": {"values": values},
+            "encoding": {"x": x, "xOffset": {"field": "model", "sort": models},
+                         "color": {"field": "model", "type": "nominal", "sort": models}},
+            "layer": [{"mark": "bar", "encoding": {"y": {"field": "success", "type": "quantitative",
+                                                         "title": "held-out success (95 % CI)",
+                                                         "scale": {"domain": [0, 1]}}}},
+                      {"mark": "rule", "encoding": {"y": {"field": "low", "type": "quantitative"}, "y2": {"field": "high"},
+                                                    "color": {"value": "black"}}}]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    path.write_bytes(vlc.vegalite_to_png(spec, scale=1.5))
 
 
 def main(argv: list[str] | None = None) -> int:

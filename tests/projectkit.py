@@ -15,7 +15,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 #: What a run needs from the checkout (no data, models or run outputs).
-COPY = ["apprentice", "tasks", "flows", "expectations", "params.yaml", "prefect.yaml", ".dvcignore"]
+COPY = ["apprentice", "tasks", "flows", "expectations", "params.yaml", "prefect.yaml", ".dvcignore",
+        ".gitignore"]  # the real ignore rules: DVC refuses a git-ignored runs/<profile>/dvc.yaml
 #: Sizes where the quick profile leaves a key unset (quick's own values win): the tiny random Llama,
 #: a handful of steps and two iterations, so the whole stack runs in minutes.
 FAST = {"pipeline": {"iterations": 2}, "model": {"base": "models/tiny"},

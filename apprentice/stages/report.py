@@ -1,8 +1,9 @@
 """Stage ``report``: learning curves and the benchmark table of iterations 1..k, readable offline.
 
-Training stages write ``metrics.jsonl`` next to their model; DVC plots cannot read JSONL, so this
-stage writes ``reports/iter_k/curves/<stage>.csv`` (the DVC plots declared in ``dvc.yaml``), renders
-each as a PNG with ``vl-convert`` (bundled Vega, no CDN, no browser) and writes ``eval.md``: one row
+Training stages log their curves through DVCLive into ``<model>/dvclive`` (``dvc.yaml`` declares
+those files as DVC plots and metrics, so ``dvc plots show/diff`` and ``dvc exp show`` need nothing
+from here). This stage renders each stage's curves as a PNG with ``vl-convert`` (bundled Vega, no
+CDN, no browser; the one plotting stack of the project) and writes ``eval.md``: one row
 per model per iteration on the fixed benchmark (the base model once), which model is champion after
 each promotion, and the paired test of this iteration's champion against the previous one's.
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from apprentice import curves
 from apprentice.config import Config
 from apprentice.paths import Paths, atomic_path, eval_jsons
 
@@ -28,8 +30,12 @@ TABLE_COLUMNS = ["success_rate", "success_ci_low", "success_ci_high", "mean_rewa
                  "mean_turns", "episodes"]
 
 
-def curve_frame(jsonl: Path) -> pd.DataFrame:
-    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()] if jsonl.exists() else []
+def curve_frame(source: Path) -> pd.DataFrame:
+    """A stage's curves: its DVCLive folder (a directory), or a metrics JSONL file."""
+    if source.is_dir():
+        rows = curves.read_dvclive(source)
+    else:
+        rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()] if source.exists() else []
     df = pd.DataFrame(rows)
     if df.empty:
         return pd.DataFrame({"step": [], "loss": []})
@@ -147,8 +153,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         for name, model in CURVES.items():
-            df = curve_frame(paths.models / model / "metrics.jsonl")
-            df.to_csv(tmp / f"{name}.csv", index=False)
+            df = curve_frame(paths.models / model / curves.DVCLIVE_DIR)
             if len(df) and len(df.columns) > 1:
                 import vl_convert as vlc
 

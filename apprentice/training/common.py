@@ -11,7 +11,7 @@ Why these helpers exist (TRL does the training; these only fill the gaps between
     (:func:`last_checkpoint`); the work dir survives a crash and is deleted after success.
   * Finalize = fix ``use_cache`` (SFTTrainer leaves ``use_cache: false`` in config.json, which made a
     student built from it generate 10-20x slower: pitfall 6), merge LoRA, write model + tokenizer
-    into the final folder atomically (rename when complete), copy the metrics in.
+    into the final folder atomically (rename when complete), copy the metrics (and DVCLive's folder) in.
   * A stamp (``apprentice_stage.json``) in the final folder records a fingerprint of the stage's
     params and inputs, so rerunning a finished stage with the same inputs is a no-op.
 """
@@ -179,6 +179,8 @@ class MetricsCallback(TrainerCallback):
         self.time_offset = float(last.get("time", 0.0))
         self.counter_offsets = {k: float(last[k]) for k in CUMULATIVE_KEYS if k in last}
         self.loss_sum, self.loss_steps = 0.0, 0
+        self.last_step = int(last.get("step", 0))  # where this run continues (after trim_metrics)
+        self.last_row: dict[str, Any] = {}  # the row on_log wrote last: what loggers.DVCLiveLogger logs
         for r in before:
             if "loss" in r:
                 self.loss_sum += r["loss"]
@@ -209,6 +211,7 @@ class MetricsCallback(TrainerCallback):
         for k, alias in _KEY_ALIASES.items():
             if k in row:
                 row[alias] = row[k]
+        self.last_row = row
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -349,6 +352,8 @@ def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, s
         tokenizer.save_pretrained(tmp)
         if metrics is not None and Path(metrics).exists():
             split_timings(Path(metrics), tmp / METRICS_FILE, timings_path(final_dir))
+        if metrics is not None and (live := Path(metrics).parent / "dvclive").is_dir():  # loggers.DVCLIVE_DIR
+            shutil.copytree(live, tmp / live.name)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         (tmp / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True))

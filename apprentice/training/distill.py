@@ -223,9 +223,10 @@ def train_distill(student: Any, teacher: Any, tokenizer: Any, rows: Sequence[dic
     dataset = build_dataset(rows)
     ckpt = common.last_checkpoint(work)
     common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
+    logged = common.MetricsCallback(metrics, stage)  # after the trim: it continues the kept rows
     trainer = make_trainer(distill, student=student, teacher=teacher, tokenizer=tokenizer, dataset=dataset,
                            output_dir=work, dtype=dtype, apprentice_cfg=apprentice_cfg,
-                           callbacks=[common.MetricsCallback(metrics, stage), *loggers.callbacks(stage), *callbacks])
+                           callbacks=[logged, *loggers.callbacks(stage, logged), *callbacks])
     out = trainer.train(resume_from_checkpoint=ckpt)
     common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics,
                     extra_files=extra_files)

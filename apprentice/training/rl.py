@@ -142,10 +142,11 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
     )
     ckpt = common.last_checkpoint(work)
     common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
+    logged = common.MetricsCallback(metrics, stage)  # after the trim: it continues the kept rows
     trainer = CurriculumGRPOTrainer(
         model=model, reward_funcs=list(reward_funcs) or None, args=args, train_dataset=dataset,
         processing_class=tokenizer, environment_factory=dict(classes),
-        callbacks=[common.MetricsCallback(metrics, stage), *loggers.callbacks(stage), *callbacks],
+        callbacks=[logged, *loggers.callbacks(stage, logged), *callbacks],
         rollout_dtype="bf16" if args.bf16 else "fp32",
     )
     out = trainer.train(resume_from_checkpoint=ckpt)

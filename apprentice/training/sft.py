@@ -187,10 +187,11 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
     args = sft_trl_config(sft, work, dtype)
     ckpt = common.last_checkpoint(work)
     common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
+    logged = common.MetricsCallback(metrics, stage)  # after the trim: it continues the kept rows
     trainer = ApprenticeSFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora_config(sft.lora_r) if sft.lora else None,
-        callbacks=[common.MetricsCallback(metrics, stage), *loggers.callbacks(stage), *callbacks],
+        callbacks=[logged, *loggers.callbacks(stage, logged), *callbacks],
     )
     try:
         out = trainer.train(resume_from_checkpoint=ckpt)

@@ -86,7 +86,10 @@ def _data(root: Path) -> None:
 def _summary(root: Path) -> tuple[dict, list[dict]]:
     model = Paths(root).sft_model
     rows = [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in read_metrics(model / METRICS_FILE)]
-    return AutoModelForCausalLM.from_pretrained(str(model)).state_dict(), rows
+    # DVCLive's files (what DVC plots and MLflow charts read) must match byte for byte too
+    live = {p.relative_to(model).as_posix(): p.read_text() for p in sorted((model / "dvclive").rglob("*")) if p.is_file()}
+    assert "dvclive/plots/metrics/loss.tsv" in live
+    return AutoModelForCausalLM.from_pretrained(str(model)).state_dict(), [*rows, live]
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def test_killed_flow_resumes_and_records_lineage(project):
     assert "pass_rate.gen_0" in c.get_run(names["evolve-1"].info.run_id).data.metrics  # generations measured
     sft = names["sft-1"]
     assert sft.data.params["sft.max_steps"] and sft.data.tags["dvc.executed"] == "True"
-    assert len(c.get_metric_history(sft.info.run_id, "loss")) >= 1, "per-step metrics from metrics.jsonl"
+    assert len(c.get_metric_history(sft.info.run_id, "loss")) >= 1, "per-step metrics from the DVCLive files"
     lock = _lock(wd)
     sft_in = {d.dataset.name: d.dataset.digest for d in sft.inputs.dataset_inputs}
     md5 = next(d["md5"] for d in lock["sft-1"]["deps"] if d["path"] == "data/iter_1/sft.parquet")
@@ -143,6 +143,12 @@ def test_killed_flow_resumes_and_records_lineage(project):
     assert feed["history"][0][0] == 0 and feed["generation"] in range(feed["n"])
     assert (wd / "reports/iter_1/curves/sft.png").stat().st_size > 1000
     assert (wd / "reports/iter_1/gate.html").exists()
+    # DVC reads the DVCLive files as they are: the training curves and their last values
+    plots = json.loads(_run([sys.executable, "-m", "dvc", "plots", "show", "--json"], wd, env=project["env"]).stdout)
+    loss = plots["data"]["models/iter_1/sft/dvclive/plots/metrics/loss.tsv"]
+    assert [float(p["loss"]) for d in loss for p in d["content"]["data"]["values"]]
+    shown = json.loads(_run([sys.executable, "-m", "dvc", "metrics", "show", "--json"], wd, env=project["env"]).stdout)
+    assert "loss" in json.dumps(shown) and "models/iter_2/rl/dvclive/metrics.json" in json.dumps(shown)
 
 
 def test_noop_repro_reruns_nothing(project):

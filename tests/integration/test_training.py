@@ -128,6 +128,20 @@ def test_sft_logs_trains_resumes_from_checkpoint_and_skips_when_done(tmp_path, t
     # the loss masking or its normalisation moves them; a resume must not (it replays the same batches)
     assert [r["loss"] for r in rows] == pytest.approx([10.83373, 10.79577, 10.76389], rel=1e-4)
     assert "time" not in rows[0]  # wall clock stays out of the DVC output (models/iter_k/.timings/)
+    # DVCLive's files in the model folder (what dvc.yaml's plots/metrics declare) hold the same curve,
+    # continued across the resume (steps 1, 2, 3 once each), and no wall-clock metric
+    from apprentice import curves
+
+    live = paths.sft_model / curves.DVCLIVE_DIR
+    logged = [r for r in curves.read_dvclive(live) if "loss" in r]
+    assert [r["step"] for r in logged] == [1, 2, 3]
+    assert [r["loss"] for r in logged] == [r["loss"] for r in rows]
+    assert [r["num_tokens"] for r in logged] == tokens
+    assert (live / "plots/metrics/loss.tsv").read_text().splitlines()[0] == "step\tloss"
+    summary = curves.summary(live)
+    assert summary["step"] == 3 and summary["loss"] == rows[-1]["loss"]
+    assert summary["train"]["loss"] == result["train_loss"]  # HF's train_loss, DVCLive's train/loss
+    assert "train_runtime" not in summary and not (live / "plots/metrics/train_runtime.tsv").exists()
     assert _changed(paths.sft_model, tiny_model_dir) > 0
     cfg_json = json.loads((paths.sft_model / "config.json").read_text())
     assert cfg_json["use_cache"] is True  # pitfall 6 fixed before saving
@@ -177,6 +191,10 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
     rows = read_metrics(paths.rl_model / METRICS_FILE)
     step = next(r for r in rows if "loss" in r)
     assert "rewards/EchoEnv/mean" in step and "reward" in step  # the environment's get_reward is wired in
+    from apprentice import curves
+
+    live = curves.read_dvclive(paths.rl_model / curves.DVCLIVE_DIR)  # GRPO's curves reach DVC's plots too
+    assert any("rewards/EchoEnv/mean" in r and "loss" in r for r in live), live
     order = json.loads((paths.rl_model / "curriculum.json").read_text())["order"]
     from apprentice.training.curriculum import order_by_difficulty
     from apprentice.trajectories import read_parquet
@@ -207,6 +225,9 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
     assert student.config.num_hidden_layers == 2  # layers 0 and 3 of 4
     rows = read_metrics(paths.student_model / METRICS_FILE)
     assert {r["stage"] for r in rows if "loss" in r} == {"student_warmup", "distill"}
+    from apprentice import curves
+
+    assert [r["step"] for r in curves.read_dvclive(paths.student_model / curves.DVCLIVE_DIR)] == [1]  # distillation's
     pruned = build_student(load_model(paths.sft_model), "prune", 3)
     init = pruned.state_dict()
     trained = student.state_dict()

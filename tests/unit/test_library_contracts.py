@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PINNED = ("trl", "transformers")
+PINNED = ("trl", "transformers", "dvclive")  # dvclive: Live._init_dvc (training/loggers.py)
 
 
 def _pyproject_pins() -> dict[str, str]:
@@ -113,3 +113,14 @@ def test_chunked_divergence_kernel_positional_contract():
     assert names[:1] == ["ctx"] and len(names) - 1 == 12, names
     assert names[1:9] == ["student_hidden", "student_weight", "student_bias", "teacher_hidden", "teacher_weight",
                           "teacher_bias", "beta", "temperature"], names
+
+
+def test_dvclive_init_dvc_override():
+    """loggers._stage_live overrides Live._init_dvc (the repo probe that may `dvc init`); Live.__init__ must
+    still call it by that name, and the pipeline attributes it sets must still exist."""
+    from dvclive import Live
+
+    assert "_init_dvc" in vars(Live)
+    assert _calls(Live, "__init__", "_init_dvc")
+    src = inspect.getsource(Live.__init__)
+    assert "self._inside_dvc_pipeline" in src and "self._save_dvc_exp" in src
