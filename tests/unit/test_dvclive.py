@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from apprentice import curves, dvcgen
+from apprentice import curves, dvcgen, pipeline
 from apprentice.training import common, loggers
 
 LOSSES, TOKENS = [0.5, 0.25, 0.125], [100.0, 210.0, 330.0]
@@ -146,7 +146,7 @@ def test_dvc_yaml_declares_the_dvclive_plots_and_metrics():
     doc = dvcgen.pipeline(raw, repo=dvcgen.REPO)
     plots = [next(iter(p)) for p in doc["plots"]]
     for k in (1, 2):
-        for _, out in dvcgen.CURVES:
+        for out in (s.curve for s in pipeline.curve_stages()):
             assert f"models/iter_{k}/{out}/dvclive/plots/metrics" in plots
             assert f"models/iter_{k}/{out}/dvclive/metrics.json" in doc["metrics"]
     assert not [p for p in plots if p.endswith(".csv")]  # no converted copies any more
