@@ -56,8 +56,3 @@ def summary(directory: Path) -> dict[str, Any]:
     """DVCLive's ``metrics.json`` (``{}`` when absent)."""
     f = Path(directory) / "metrics.json"
     return json.loads(f.read_text()) if f.exists() else {}
-
-
-def stage_rows(model_dir: Path) -> list[dict[str, Any]]:
-    """A training stage's per-step rows from its model folder's DVCLive files."""
-    return read_dvclive(Path(model_dir) / DVCLIVE_DIR)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import random
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -246,6 +246,17 @@ class ShellEnv(Environment):
         if level is not None:
             return dict(LEVELS[min(max(level, 0), len(LEVELS) - 1)])
         return super().sample_difficulty(rng, None)
+
+    @classmethod
+    def generate_from(cls, seed: int, difficulty: Mapping[str, int], generation: int = 0) -> ProblemSpec:
+        """A problem is accepted only after its oracle replays in a sandbox: without an engine every seed
+        would look unsolvable, so say what is missing instead."""
+        from apprentice.sandbox import engine_available
+
+        ok, why = engine_available()
+        if not ok:
+            raise SandboxError(f"shell problems are generated and verified in Docker sandboxes: {why}")
+        return super().generate_from(seed, difficulty, generation)
 
     # ---- episode ------------------------------------------------------------------------------
     def _build(self, spec: ProblemSpec) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from apprentice.config import Config
+from apprentice.curves import DVCLIVE_DIR
 from apprentice.paths import Paths
 
 
@@ -116,8 +117,8 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
         if metrics.exists():
             common.split_timings(metrics, paths.student_model / common.METRICS_FILE,
                                  common.timings_path(paths.student_model))
-        if (warm_dir / "dvclive").is_dir():  # the warm start's DVCLive curves are the student's (dvc.yaml plots)
-            shutil.copytree(warm_dir / "dvclive", paths.student_model / "dvclive")
+        if (warm_dir / DVCLIVE_DIR).is_dir():  # the warm start's DVCLive curves are the student's (dvc.yaml plots)
+            shutil.copytree(warm_dir / DVCLIVE_DIR, paths.student_model / DVCLIVE_DIR)
         (paths.student_model / common.STAMP_FILE).write_text(json.dumps(stamp))
         shutil.rmtree(work, ignore_errors=True)
         result.update(model=str(paths.student_model), steps=0)

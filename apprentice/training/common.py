@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from apprentice.curves import DVCLIVE_DIR
 from apprentice.modeling import fix_generation_config, resolve_dtype
 from apprentice.paths import atomic_path
 
@@ -352,7 +353,7 @@ def finalize(trainer: Any, tokenizer: Any, final_dir: Path, work_dir: Path, *, s
         tokenizer.save_pretrained(tmp)
         if metrics is not None and Path(metrics).exists():
             split_timings(Path(metrics), tmp / METRICS_FILE, timings_path(final_dir))
-        if metrics is not None and (live := Path(metrics).parent / "dvclive").is_dir():  # loggers.DVCLIVE_DIR
+        if metrics is not None and (live := Path(metrics).parent / DVCLIVE_DIR).is_dir():
             shutil.copytree(live, tmp / live.name)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)

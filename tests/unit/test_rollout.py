@@ -244,10 +244,12 @@ def test_parquet_write_is_atomic(tmp_path):
 def test_oracle_policy_solves_every_real_family_at_every_level():
     from apprentice.envs import FAMILIES
     from apprentice.policies.oracle import OraclePolicy
+    from apprentice.sandbox import engine_available
 
-    specs = [cls.generate(seed, level) for cls in FAMILIES.values() for level in (0, 1, 2) for seed in (11, 12)]
+    families = {name: cls for name, cls in FAMILIES.items() if name != "shell" or engine_available()[0]}  # shell: Docker
+    specs = [cls.generate(seed, level) for cls in families.values() for level in (0, 1, 2) for seed in (11, 12)]
     trajs = run_episodes(specs, OraclePolicy(), progress=False)
-    assert len(trajs) == len(specs) and {t.family for t in trajs} == set(FAMILIES)
+    assert len(trajs) == len(specs) and {t.family for t in trajs} == set(families)
     failed = [(t.family, t.difficulty, t.turns) for t in trajs if not t.success]
     assert not failed, f"oracle failed on {failed}"
     assert not any(t.truncated or t.parse_errors or t.tool_errors for t in trajs)
