@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from apprentice.paths import DVCLIVE_DIR  # DVCLive's folder inside a training stage's model folder
+# DVCLive's folder inside a training stage's model folder: named in paths.py, re-exported for curve readers
+from apprentice.paths import DVCLIVE_DIR as DVCLIVE_DIR
 
 
 def dvclive_tsvs(directory: Path) -> dict[str, Path]:

@@ -10,9 +10,13 @@ promotion decision names the model SFT starts from). DVC interpolation cannot co
 iteration 1 has different deps from the others, so a ``foreach`` would need hand-kept parallel
 lists in params. A generator keeps ``dvc.yaml`` plain (readable, diffable, ``dvc dag``
 works) and a unit test fails when the committed file drifts from what the params declare.
-The per-model evaluation is not a DVC ``matrix`` either: the base model is scored once for all
-iterations (no ``--iter``, other deps), so a matrix would cover only part of the fan-out, and it
-would rename the stages users target (``dvc exp run evaluate-rl-1`` would become ``evaluate-1@rl``).
+The per-model fan-out *is* DVC's own: each iteration's evaluation is one ``matrix`` stage over the
+models it trains (``evaluate-k`` -> ``evaluate-k@sft``, ``evaluate-k@rl``, ``evaluate-k@student``), so
+``dvc.yaml`` states the fan-out once instead of repeating a 45-line stage per model, and DVC reruns
+only the model that changed. The base model is scored once for all iterations (``evaluate-base``: no
+``--iter``, the base folder as dep), so it stays a plain stage outside the matrix. The generator
+renders the matrix template and checks that DVC's expansion of it equals the stage it would have
+written for every model (:func:`_matrix`), so the template can never drift from the registry.
 
 Profiles. DVC must track the params the stages actually run with, so each profile is its own
 DVC pipeline with its own fully merged params file:
@@ -32,7 +36,9 @@ Relative paths in params (``model.base``) resolve against the work dir.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,7 +74,7 @@ def dvc_stages(stage: str, iteration: int | None = None) -> list[str]:
     """The DVC stages behind pipeline stage ``stage``: itself, except a per-model stage, one per model.
 
     Why one DVC stage per evaluated model: DVC then re-evaluates only the models that changed. An RL
-    experiment (``dvc exp run evaluate-rl-1 -S ...``) reruns RL and its own evaluation, not the base
+    experiment (``dvc exp run evaluate-1@rl -S ...``) reruns RL and its own evaluation, not the base
     and SFT evaluations nor distillation; a distillation change re-evaluates only the student. The
     base model is scored on the fixed benchmark once (``evaluate-base``, no iteration): in later
     iterations that stage is a cache hit."""
@@ -79,7 +85,14 @@ def dvc_stages(stage: str, iteration: int | None = None) -> list[str]:
 
 
 def model_stage(stage: str, model: str, iteration: int) -> str:
-    return f"{stage}-{model}" if model in ONCE_POLICIES else f"{stage}-{model}-{iteration}"
+    """The DVC stage that runs per-model stage ``stage`` for ``model``: DVC's matrix name ``stage-k@model``
+    (a once-model, scored in no iteration: the plain ``stage-model``)."""
+    return f"{stage}-{model}" if model in ONCE_POLICIES else f"{matrix_group(stage, iteration)}@{model}"
+
+
+def matrix_group(stage: str, iteration: int) -> str:
+    """The ``matrix`` stage of iteration ``iteration``'s models (``dvc repro evaluate-1`` runs them all)."""
+    return stage_name(stage, iteration)
 
 
 def eval_stage(policy: str, iteration: int) -> str:
@@ -201,21 +214,61 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
                 continue
             assert stage.model_io is not None, f"stage {name} lists models but no model_io"
             spec.pop("outs", None)
-            for model, dvc_name in zip(stage.models, dvc_stages(name, k), strict=True):
-                if dvc_name in stages:  # a once-model (evaluate-base): declared by iteration 1, shared by all
-                    continue
+            per_model: dict[str, dict[str, Any]] = {}
+            for model in stage.models:
                 mio = stage.model_io(where, model)
-                stages[dvc_name] = {**spec, "params": list(spec.get("params", [])),  # a copy: no YAML anchors
+                per_model[model] = {**spec, "params": list(spec.get("params", [])),  # a copy: no YAML anchors
                                     "cmd": _cmd(name, None if model in ONCE_POLICIES else k, f" --policy {model}"),
                                     "deps": spec["deps"] + [_entry(d) for d in mio.deps],
                                     "outs": [_entry(o) for o in mio.outs]}
                 metrics.extend(o for o in [_entry(mio.outs[-1])] if o not in metrics)  # its metrics JSON
+            for model in ONCE_POLICIES:  # declared by iteration 1, shared by all
+                if model in per_model:
+                    stages.setdefault(model_stage(name, model, k), per_model.pop(model))
+            if per_model:
+                stages[matrix_group(name, k)] = _matrix(per_model)
         # the training curves: each stage's DVCLive folder as DVCLive declares it itself (every
         # plots/metrics/<name>.tsv against step), and its metrics.json for `dvc exp show` / `dvc metrics`
         live = [registry.curve_dir(Paths(_REL, k), s) for s in registry.curve_stages()]
         plots.extend({(d / "plots" / "metrics").as_posix(): {"x": "step"}} for d in live)
         metrics.extend((d / "metrics.json").as_posix() for d in live)
     return {"stages": stages, "metrics": metrics, "plots": plots}
+
+
+#: The matrix key of a per-model stage: DVC substitutes each model for it (``${item.policy}``).
+MATRIX_KEY = "policy"
+
+
+def _matrix(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One DVC ``matrix`` stage whose expansion is exactly ``per_model`` (model -> its stage spec).
+
+    The template comes from the first model's spec with that model's name, as a whole path segment
+    or file stem and as the ``--policy`` argument, replaced by ``${item.policy}``. Every model's
+    expansion is then checked against the spec the registry gives for it, so a path that does not
+    follow the ``<folder>/<model>[.ext]`` shape fails here, at generation, instead of in DVC."""
+    first, *_ = per_model
+    item = "${item." + MATRIX_KEY + "}"
+    pattern = re.compile(rf"(?<![\w.-]){re.escape(first)}(?=$|\s|/|\.[a-z]+$)")
+
+    def template(v: Any) -> Any:
+        if isinstance(v, str):
+            return pattern.sub(item, v)
+        if isinstance(v, list):
+            return [template(x) for x in v]
+        if isinstance(v, dict):
+            return {template(k): template(x) for k, x in v.items()}
+        return v
+
+    spec = per_model[first]
+    out = {"matrix": {MATRIX_KEY: list(per_model)}, **{k: template(v) if k in ("cmd", "deps", "outs") else v
+                                                        for k, v in spec.items()}}
+    for model, want in per_model.items():
+        got = {k: v for k, v in json.loads(json.dumps(out).replace(item, model)).items() if k != "matrix"}
+        if got != want:
+            raise RuntimeError(f"the per-model stages of {list(per_model)} do not fold into one DVC matrix: "
+                               f"the template gives {got} for {model}, the registry {want}; make the model's "
+                               "paths differ only by its name (apprentice/paths.py)")
+    return out
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

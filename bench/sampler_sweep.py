@@ -8,10 +8,10 @@ What it does, all through DVC (nothing here trains or evaluates by itself):
      rewrites ``params.yaml`` in the workspace it runs in), links ``.venv``, copies an existing
      ``models/base`` and records it with ``dvc commit`` (so prepare-base is not rebuilt), generates
      the profile's pipeline (``runs/<profile>`` for non-default profiles) and commits it there;
-  2. ``dvc exp run -n baseline -S rl.curriculum=difficulty evaluate-sft-1 evaluate-rl-1`` (the iteration
+  2. ``dvc exp run -n baseline -S rl.curriculum=difficulty evaluate-1@sft evaluate-1@rl`` (the iteration
      up to RL and the evaluations of SFT and RL), then one ``dvc exp run -n sampler-<s> -S
-     rl.curriculum=sampler -S curriculum.sampler=<s> evaluate-sft-1 evaluate-rl-1`` per sampler. DVC
-     reruns only ``rl-1`` and ``evaluate-rl-1`` (synth, rollout, validate, SFT and the SFT evaluation
+     rl.curriculum=sampler -S curriculum.sampler=<s> evaluate-1@sft evaluate-1@rl`` per sampler. DVC
+     reruns only ``rl-1`` and ``evaluate-1@rl`` (synth, rollout, validate, SFT and the SFT evaluation
      stay cached; distillation is not a target). ``--full`` runs the whole iteration per experiment
      instead (adds distillation, the student's evaluation, promotion and the report: ~2x the time);
   3. reads ``dvc exp show --json`` and prints / writes a Markdown table of each experiment's held-out
@@ -63,7 +63,7 @@ def prepare(work: Path, profile: str, env: dict[str, str]) -> Path:
 
 
 #: What each experiment reproduces unless ``--full``: RL and the evaluations the comparison reads.
-TARGETS = ["evaluate-sft-1", "evaluate-rl-1"]
+TARGETS = ["evaluate-1@sft", "evaluate-1@rl"]
 
 
 def run_experiments(pipe: Path, samplers: list[str], env: dict[str, str], targets: list[str]) -> None:

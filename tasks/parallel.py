@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -40,9 +39,15 @@ def stale_stages(targets: list[str], workdir: Path, env: dict[str, str]) -> list
 
 @task(name="dvc-stage-cmd", cache_policy=NO_CACHE)
 def run_stage_cmd(stage: str, workdir: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run one stage's ``cmd`` from ``dvc.yaml`` (no DVC lock taken); returns its wall time."""
-    spec = yaml.safe_load((Path(workdir) / "dvc.yaml").read_text())["stages"][stage]
-    cmds = spec["cmd"] if isinstance(spec["cmd"], list) else [spec["cmd"]]
+    """Run one stage's ``cmd`` from ``dvc.yaml`` (no DVC lock taken); returns its wall time.
+
+    DVC itself resolves the stage, so a ``matrix``/``foreach`` member (``evaluate-1@rl``) gets its
+    interpolated command."""
+    from dvc.repo import Repo
+
+    with Repo(workdir) as repo:
+        cmd = repo.stage.load_one("dvc.yaml", stage).cmd
+    cmds = cmd if isinstance(cmd, list) else [cmd]
     t0 = time.perf_counter()
     for cmd in cmds:
         argv = shlex.split(cmd)

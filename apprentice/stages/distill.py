@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from apprentice.config import Config
-from apprentice.curves import DVCLIVE_DIR
-from apprentice.paths import Paths
+from apprentice.paths import DVCLIVE_DIR, Paths
 
 
 def teacher_path(paths: Paths) -> Path:

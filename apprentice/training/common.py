@@ -31,9 +31,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from apprentice.curves import DVCLIVE_DIR
 from apprentice.modeling import fix_generation_config, resolve_dtype
-from apprentice.paths import atomic_path
+from apprentice.paths import DVCLIVE_DIR, atomic_path
 
 METRICS_FILE = "metrics.jsonl"
 STAMP_FILE = "apprentice_stage.json"

@@ -38,7 +38,8 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.integrations import DVCLiveCallback
 
-from apprentice.curves import DVCLIVE_DIR, trim_dvclive
+from apprentice.curves import trim_dvclive
+from apprentice.paths import DVCLIVE_DIR
 from apprentice.progress import _fmt
 from apprentice.training.common import WALL_CLOCK_KEYS
 

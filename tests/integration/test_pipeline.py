@@ -87,7 +87,7 @@ def test_killed_flow_resumes_and_records_lineage(project):
     # ---- lineage ------------------------------------------------------------------------------
     from mlflow import MlflowClient
 
-    from apprentice import lineage
+    from apprentice import dvcgen, lineage
 
     c = MlflowClient()
     exp = c.get_experiment_by_name("apprentice")
@@ -128,8 +128,8 @@ def test_killed_flow_resumes_and_records_lineage(project):
         [exp.experiment_id], "tags.`mlflow.runName` = 'sft-2'")).info.run_id).data.tags["start_model.md5"] == start2["md5"]
     # one benchmark for both iterations: base evaluated once (no iter_k copy), every model scored on it
     assert not (wd / "data/iter_1/eval/base.json").exists() and not (wd / "data/iter_1/eval_problems.parquet").exists()
-    assert lock["evaluate-rl-2"]["deps"] and any(d["path"] == "data/benchmark/problems.parquet"
-                                                 for d in lock["evaluate-rl-2"]["deps"])
+    assert lock[dvcgen.eval_stage("rl", 2)]["deps"] and any(d["path"] == "data/benchmark/problems.parquet"
+                                                 for d in lock[dvcgen.eval_stage("rl", 2)]["deps"])
     table = (wd / "reports/iter_2/curves/eval.md").read_text()
     assert "iter 1 rl" in table and "iter 2 rl" in table and table.count("\nbase ") == 1
     mv = c.get_model_version(name, "1")
@@ -161,6 +161,8 @@ def test_noop_repro_reruns_nothing(project):
 
 
 def test_rl_param_change_invalidates_only_rl_and_after(project):
+    from apprentice import dvcgen
+
     wd = project["wd"]
     params = wd / "params.yaml"
     before = params.read_text()
@@ -175,7 +177,7 @@ def test_rl_param_change_invalidates_only_rl_and_after(project):
     assert set(status) == {"rl-1", "rl-2"}, status  # only rl's own params changed
     would_run = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
     assert "rl-1" in would_run and not would_run & {"prepare-base", "benchmark", "evaluate-base", "synth-1",
-                                                    "teacher-rollout-1", "validate-1", "sft-1", "evaluate-sft-1",
+                                                    "teacher-rollout-1", "validate-1", "sft-1", dvcgen.eval_stage("sft", 1),
                                                     "evolve-1"}, would_run  # base/sft evals stay cached
 
 

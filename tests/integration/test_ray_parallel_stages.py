@@ -31,16 +31,16 @@ def test_ray_parallel_stages_run_concurrently_and_dvc_repro_is_then_a_no_op(tmp_
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     assert _dvc(["init", "-q"], repo).returncode == 0
     _dvc(["config", "core.analytics", "false"], repo)
-    stages = {}
-    for name in ("a", "b"):  # each stage sleeps, then writes its output and its start/end times
-        code = (f"import time,pathlib; t=time.time(); time.sleep({SLEEP}); "
-                f"pathlib.Path('out_{name}.txt').write_text(f'{{t}} {{time.time()}}')")
-        stages[f"eval-{name}"] = {"cmd": f'python -c "{code}"', "outs": [f"out_{name}.txt"]}
+    # one DVC matrix stage, as dvcgen writes the per-model evaluation: each member sleeps, then writes
+    # its output and its start/end times (the command comes from DVC's own interpolation)
+    code = (f"import time,pathlib; t=time.time(); time.sleep({SLEEP}); "
+            "pathlib.Path('out_${item.name}.txt').write_text(f'{t} {time.time()}')")
+    stages = {"eval": {"matrix": {"name": ["a", "b"]}, "cmd": f'python -c "{code}"', "outs": ["out_${item.name}.txt"]}}
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
     t0 = time.perf_counter()
-    res = repro_parallel(["dvc.yaml:eval-a", "dvc.yaml:eval-b"], repo, env, address="local")
-    assert sorted(res["executed"]) == ["eval-a", "eval-b"]
+    res = repro_parallel(["dvc.yaml:eval@a", "dvc.yaml:eval@b"], repo, env, address="local")
+    assert sorted(res["executed"]) == ["eval@a", "eval@b"]
     spans = [tuple(map(float, (repo / f"out_{n}.txt").read_text().split())) for n in ("a", "b")]
     assert max(s for s, _ in spans) < min(e for _, e in spans), f"stages did not overlap: {spans}"
     assert time.perf_counter() - t0 > SLEEP
@@ -49,4 +49,4 @@ def test_ray_parallel_stages_run_concurrently_and_dvc_repro_is_then_a_no_op(tmp_
     assert st.returncode == 0 and "changed" not in st.stdout, st.stdout
     rep = _dvc(["repro"], repo)
     assert rep.returncode == 0 and "Running stage" not in rep.stdout, rep.stdout
-    assert repro_parallel(["dvc.yaml:eval-a", "dvc.yaml:eval-b"], repo, env)["executed"] == []
+    assert repro_parallel(["dvc.yaml:eval@a", "dvc.yaml:eval@b"], repo, env)["executed"] == []

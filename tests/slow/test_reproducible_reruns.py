@@ -16,7 +16,7 @@ pytestmark = slow_only()
 
 #: Seeded stages from problem synthesis to an evaluated SFT model: every kind of output (Parquet, gate
 #: records, weights, training metrics, evaluation tables).
-FORCED = ["synth-1", "teacher-rollout-1", "validate-1", "sft-1", "evaluate-sft-1"]
+FORCED = ["synth-1", "teacher-rollout-1", "validate-1", "sft-1", "evaluate-1@sft"]  # a DVC matrix member
 
 
 def _outs(lock: Path) -> dict[str, str]:

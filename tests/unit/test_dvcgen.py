@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
+from dvcstages import expand
 
 from apprentice import dvcgen, pipeline
 from apprentice.config import load_raw
@@ -20,12 +23,12 @@ def test_committed_dvc_yaml_matches_params():
 def test_iterations_chain_and_per_key_params():
     raw = load_raw(REPO / "params.yaml")
     raw["pipeline"]["iterations"] = 2
-    stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
-    assert [s for s in stages if s.endswith("-2")] == [n for s in pipeline.iteration_stages() for n in dvcgen.dvc_stages(s, 2)
-                                                       if n.endswith("-2")]
+    stages = expand(dvcgen.pipeline(raw, repo=REPO)["stages"])
+    assert [s for s in stages if "-2" in s] == [n for s in pipeline.iteration_stages() for n in dvcgen.dvc_stages(s, 2)
+                                                if "-2" in n]
     # one benchmark and one base evaluation for all iterations; every iteration reads the same benchmark
-    assert [s for s in stages if not s[-1].isdigit()] == ["prepare-base", "benchmark", "evaluate-base"]
-    assert all(dvcgen.BENCHMARK in stages[f"evaluate-rl-{k}"]["deps"] for k in (1, 2))
+    assert [s for s in stages if not re.search(r"-\d+(@|$)", s)] == ["prepare-base", "benchmark", "evaluate-base"]
+    assert all(dvcgen.BENCHMARK in stages[dvcgen.eval_stage("rl", k)]["deps"] for k in (1, 2))
     assert dvcgen.BENCHMARK in stages["synth-2"]["deps"]  # training is kept disjoint from it by content
     assert "data/iter_1/eval" in stages["synth-2"]["deps"]  # evolution reads the previous results
     assert "reports/iter_1/promotion.json" in stages["sft-2"]["deps"]  # SFT starts from the champion
@@ -55,13 +58,14 @@ def test_profile_gets_its_own_work_dir(tmp_path):
 
 
 def test_evaluation_is_one_dvc_stage_per_model():
-    """So an RL change re-evaluates RL and the student only (base and SFT evaluations stay cached)."""
+    """So an RL change re-evaluates RL and the student only (base and SFT evaluations stay cached).
+    Each iteration's models are one DVC ``matrix`` (DVC expands it; this reads DVC's expansion)."""
     raw = load_raw(REPO / "params.yaml")
-    stages = dvcgen.pipeline(raw, repo=REPO)["stages"]
+    stages = expand(dvcgen.pipeline(raw, repo=REPO)["stages"])
     names = dvcgen.dvc_stages("evaluate", 1)
-    assert names == ["evaluate-base", *(f"evaluate-{p}-1" for p in ("sft", "rl", "student"))]
-    assert "evaluate-1" not in stages
-    rl = stages["evaluate-rl-1"]
+    assert names == ["evaluate-base", *(f"evaluate-1@{p}" for p in ("sft", "rl", "student"))]
+    assert [s for s in stages if s.startswith(("evaluate-base", "evaluate-1"))] == names
+    rl = stages["evaluate-1@rl"]
     assert rl["cmd"] == "python -m apprentice evaluate --policy rl --params params.yaml --root . --iter 1"
     assert "models/iter_1/rl" in rl["deps"] and "models/iter_1/sft" not in rl["deps"]
     assert rl["outs"] == ["data/iter_1/eval/rl.parquet", "data/iter_1/eval/rl.json"]
@@ -72,3 +76,16 @@ def test_evaluation_is_one_dvc_stage_per_model():
     raw["model"]["base"] = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id: params only, no folder dep
     hub = dvcgen.pipeline(raw, repo=REPO)["stages"]["evaluate-base"]
     assert not any(d.startswith("models/") for d in hub["deps"]) and "model.base" in hub["params"]
+
+
+def test_per_model_stages_that_do_not_fold_into_a_matrix_fail_at_generation():
+    """The matrix template is checked against every model's own stage: a model whose paths do not
+    differ from the others' only by its name cannot be silently mis-rendered."""
+    spec = {"cmd": "python -m apprentice evaluate --policy sft", "deps": ["models/iter_1/sft"],
+            "outs": ["data/iter_1/eval/sft.json"]}
+    ok = {m: {k: (v.replace("sft", m) if isinstance(v, str) else [x.replace("sft", m) for x in v])
+              for k, v in spec.items()} for m in ("sft", "rl")}
+    assert dvcgen._matrix(ok)["deps"] == ["models/iter_1/${item.policy}"]
+    bad = {**ok, "rl": {**ok["rl"], "deps": ["models/iter_1/reinforce"]}}
+    with pytest.raises(RuntimeError, match="do not fold into one DVC matrix"):
+        dvcgen._matrix(bad)

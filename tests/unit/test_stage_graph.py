@@ -1,10 +1,17 @@
 """The DVC stage graph every profile generates is pinned in a fixture (issue H: one stage registry).
 
 Why a snapshot: the stage registry (:mod:`apprentice.pipeline`) replaced the hand-kept tables the
-generator used to read; this test proves the refactor reproduces the same ``dvc.yaml`` for every
-profile: stage names, commands, deps (code and data), outs, params per key, metrics and plots.
-A deliberate change to the graph regenerates the fixture with
-``APPRENTICE_UPDATE_GRAPH=1 python -m pytest tests/unit/test_stage_graph.py`` (review its diff).
+generator used to read, and the per-model evaluation became a DVC ``matrix``; this test proves the
+refactor reproduces the same pipeline for every profile: stage names, commands, deps (code and
+data), outs, params per key, metrics and plots. The graph compared is the one DVC itself runs: the
+generated mapping expanded by DVC's own resolver (``dvc.parsing.DataResolver``), so a matrix member
+is compared as the stage DVC will execute.
+
+The fixture was written by the generator *before* the registry (main at 888e3c6), with one
+deliberate change: the per-model evaluation stages carry DVC's matrix names (``evaluate-rl-1`` ->
+``evaluate-1@rl``); their commands, deps, params and outs are unchanged. A deliberate change to the
+graph regenerates it with ``APPRENTICE_UPDATE_GRAPH=1 python -m pytest tests/unit/test_stage_graph.py``
+(review its diff).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from dvcstages import expand
 
 from apprentice import dvcgen
 from apprentice.config import PROFILES_DIR, load_raw
@@ -35,7 +44,7 @@ def graphs() -> dict[str, Any]:
 
 
 def test_every_profile_generates_the_pinned_stage_graph():
-    got = graphs()
+    got = {profile: {**p, "stages": expand(p["stages"])} for profile, p in graphs().items()}
     if os.environ.get("APPRENTICE_UPDATE_GRAPH"):
         FIXTURE.write_text(json.dumps(got, indent=1) + "\n")
     want = json.loads(FIXTURE.read_text())
@@ -47,3 +56,12 @@ def test_every_profile_generates_the_pinned_stage_graph():
             assert g["stages"][name] == w["stages"][name], f"{profile}: DVC stage {name} differs"
         assert g["metrics"] == w["metrics"] and g["plots"] == w["plots"], f"{profile}: metrics/plots differ"
         assert g == w
+
+
+def test_per_model_evaluation_is_one_dvc_matrix_per_iteration():
+    stages = graphs()["default"]["stages"]
+    ev = stages["evaluate-1"]
+    assert ev["matrix"] == {"policy": ["sft", "rl", "student"]}
+    assert "--policy ${item.policy}" in ev["cmd"] and "models/iter_1/${item.policy}" in ev["deps"]
+    assert "evaluate-base" in stages and "matrix" not in stages["evaluate-base"]  # scored once, no iteration
+    assert dvcgen.dvc_stages("evaluate", 2) == ["evaluate-base", "evaluate-2@sft", "evaluate-2@rl", "evaluate-2@student"]
