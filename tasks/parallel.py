@@ -46,7 +46,7 @@ def run_stage_cmd(stage: str, workdir: str, env: dict[str, str]) -> dict[str, An
     from dvc.repo import Repo
 
     with Repo(workdir) as repo:
-        cmd = repo.stage.load_one("dvc.yaml", stage).cmd
+        cmd = repo.stage.load_one(str(Path(workdir) / "dvc.yaml"), stage).cmd  # DVC reads paths from the cwd
     cmds = cmd if isinstance(cmd, list) else [cmd]
     t0 = time.perf_counter()
     for cmd in cmds:
