@@ -1,64 +1,30 @@
-"""Curriculum for RL: order problems easy -> hard, drop problems that carry no GRPO signal.
+"""Which probed problems GRPO trains on, and in what order: the pass-rate filter (or a sampler).
 
-Pure functions over tables so they are unit-testable without a model:
-  * :func:`order_by_difficulty`: sort by (level, sum of the difficulty vector, problem_id). The
-    problem_id tie-break makes the order identical across runs and machines.
-  * :func:`pass_rate_filter`: GRPO's advantage is reward minus the group mean, so a problem the
-    policy always solves (pass rate 1) or never solves (pass rate 0) gives every sample the same
-    reward and a zero gradient (METHODS.md §4 "pass-rate calibration", §2 DTAC). Dropping them spends
-    the few RL steps we can afford where they can move the policy.
-  * :func:`pass_rates`: the table the filter reads, from probe trajectories.
-  * :func:`feed_generations`: which evolved generation joins the RL pool: the generation scheduler
-    (``envs.evolve.GenerationScheduler``) walks generations 0, 1, ... while the policy's probed pass
-    rate on the current one reaches the advance threshold, so training meets the first generation
-    the policy has not mastered (METHODS.md §1: evolve the environment as the learner improves).
+* :func:`pass_rate_filter`: GRPO's advantage is reward minus the group mean, so a problem the
+  policy always solves (pass rate 1) or never solves (pass rate 0) gives every sample the same
+  reward and a zero gradient (METHODS.md §4 "pass-rate calibration", §2 DTAC). Dropping them spends
+  the few RL steps we can afford where they can move the policy.
+* :func:`band_first`: the probed, informative problems lead, then the unprobed ones by how close
+  their stratum's probed pass rate is to 0.5.
+* ``rl.curriculum: sampler`` hands the choice to ``curriculum.sampler`` instead
+  (:mod:`apprentice.curriculum.samplers`: pass_band, dtac, hdc, aes).
+
+:func:`keep_for_grpo` is the entry point the RL stage calls. Pure functions over
+:data:`~apprentice.curriculum.table.PassRates`, so they are unit-testable without a model.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
+from apprentice.curriculum.samplers import order_problems
+from apprentice.curriculum.table import PassRate, PassRates, table_from_rates
 
-def difficulty_key(row: Mapping[str, Any]) -> tuple[int, int, str]:
-    diff = row["difficulty"]
-    if isinstance(diff, str):
-        diff = json.loads(diff)
-    return int(row.get("level", 0)), int(sum(int(v) for v in dict(diff).values())), str(row["problem_id"])
-
-
-def order_by_difficulty(problems: pd.DataFrame) -> pd.DataFrame:
-    """Problems sorted easy -> hard (level, then difficulty-vector sum, then id); index reset."""
-    if problems.empty:
-        return problems.reset_index(drop=True)
-    keys = [difficulty_key(r) for r in problems.to_dict("records")]
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    return problems.iloc[order].reset_index(drop=True)
-
-
-@dataclass(frozen=True)
-class PassRate:
-    successes: int
-    samples: int
-
-    @property
-    def rate(self) -> float:
-        return self.successes / self.samples if self.samples else float("nan")
-
-
-def pass_rates(problem_ids: Iterable[str], successes: Iterable[bool]) -> dict[str, PassRate]:
-    """Aggregate per-episode outcomes (one entry per probe episode) into a per-problem table."""
-    counts: dict[str, list[int]] = {}
-    for pid, ok in zip(problem_ids, successes, strict=True):
-        c = counts.setdefault(str(pid), [0, 0])
-        c[0] += int(bool(ok))
-        c[1] += 1
-    return {pid: PassRate(s, n) for pid, (s, n) in counts.items()}
+__all__ = ["band_first", "filter_summary", "informative", "keep_for_grpo", "pass_rate_filter"]
 
 
 def informative(rate: PassRate) -> bool:
@@ -66,7 +32,7 @@ def informative(rate: PassRate) -> bool:
     return 0 < rate.successes < rate.samples
 
 
-def pass_rate_filter(ordered_ids: list[str], table: Mapping[str, PassRate]) -> list[str]:
+def pass_rate_filter(ordered_ids: list[str], table: PassRates) -> list[str]:
     """Keep the problems of ``ordered_ids`` (curriculum order preserved) that are worth training on.
 
     * probed with 0 < pass rate < 1: kept;
@@ -89,7 +55,7 @@ def pass_rate_filter(ordered_ids: list[str], table: Mapping[str, PassRate]) -> l
     return kept
 
 
-def band_first(kept: list[str], table: Mapping[str, PassRate],
+def band_first(kept: list[str], table: PassRates,
                strata: Mapping[str, Any] | None = None) -> list[str]:
     """``kept`` with the probed, informative problems first, then the unprobed ones whose stratum
     (e.g. (family, level)) the probe found closest to a 0.5 pass rate; curriculum order within ties.
@@ -113,7 +79,7 @@ def band_first(kept: list[str], table: Mapping[str, PassRate],
     return band + rest
 
 
-def filter_summary(ordered_ids: list[str], table: Mapping[str, PassRate], kept: list[str]) -> dict[str, Any]:
+def filter_summary(ordered_ids: list[str], table: PassRates, kept: list[str]) -> dict[str, Any]:
     probed = [pid for pid in ordered_ids if pid in table]
     return {
         "candidates": len(ordered_ids),
@@ -125,25 +91,27 @@ def filter_summary(ordered_ids: list[str], table: Mapping[str, PassRate], kept: 
     }
 
 
-def feed_generations(generations: Sequence[pd.DataFrame], n: int, threshold: float,
-                     probe: Callable[[pd.DataFrame], Mapping[str, PassRate]]
-                     ) -> tuple[pd.DataFrame, dict[str, PassRate], dict[str, Any]]:
-    """Walk evolved generations with a :class:`GenerationScheduler`; return the one to train on.
+def keep_for_grpo(ordered: pd.DataFrame, probed: pd.DataFrame, rates: PassRates,
+                  cfg: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The rows GRPO trains on, in the order it reads them, and a summary for ``curriculum.json``.
 
-    ``probe(rows)`` runs the current policy on ``rows`` (the first ``n`` problems of a generation)
-    and returns their pass rates. Each probed generation is observed once; the walk stops at the
-    first generation whose pass rate is below ``threshold`` (or at the last one). Returns that
-    generation's probed rows, their pass rates (reused by the RL filter/sampler: no second probe)
-    and the scheduler's state (generation chosen, pass rate per generation seen)."""
-    from apprentice.envs.evolve import GenerationScheduler
-
-    if not generations:
-        raise ValueError("no evolved generations to feed; run the evolve stage (python -m apprentice evolve)")
-    sched = GenerationScheduler(len(generations), threshold)
-    while True:
-        g = sched.current
-        rows = generations[g].head(n).reset_index(drop=True)
-        rates = dict(probe(rows))
-        hits, total = sum(r.successes for r in rates.values()), sum(r.samples for r in rates.values())
-        if sched.observe(hits / total if total else 0.0) == g:
-            return rows, rates, {**sched.state_dict(), "generation": g}
+    ``ordered``: the candidates in curriculum order (:func:`~apprentice.curriculum.order.probe_plan`,
+    plus any fed generation); ``probed``: the rows the probe measured; ``rates``: their pass rates;
+    ``cfg``: the whole config (``rl.curriculum`` and ``curriculum.*``). With ``rl.curriculum: sampler``
+    the sampler picks from the probed rows (falling back, with a warning, to the whole order when it
+    picks none); otherwise the pass-rate filter, band first, over the whole order."""
+    ids = ordered["problem_id"].tolist()
+    if cfg.rl.curriculum == "sampler":  # issue B samplers (pass_band, dtac, hdc, aes) pick from the probe
+        picked = order_problems(probed, table_from_rates(rates, probed), cfg.curriculum)
+        if picked.empty:  # nothing the sampler accepts (a policy that solves nothing): the filter's fallback
+            warnings.warn(f"curriculum sampler '{cfg.curriculum.sampler}' picked none of the {len(probed)} probed "
+                          "problems; training on the unfiltered order (expect ~zero GRPO gradient). Probe more "
+                          "problems (rl.probe_problems) or widen the band (curriculum.band).", stacklevel=3)
+            picked = ordered
+        summary = filter_summary(ids, rates, picked["problem_id"].tolist())
+        return picked, {**summary, "sampler": cfg.curriculum.sampler}
+    strata = {r["problem_id"]: (r["family"], int(r["level"])) for r in ordered.to_dict("records")}
+    kept = band_first(pass_rate_filter(ids, rates), rates, strata)
+    summary = filter_summary(ids, rates, kept)
+    by_id = ordered.set_index("problem_id", drop=False)
+    return by_id.loc[kept].reset_index(drop=True), summary
