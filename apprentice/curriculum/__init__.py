@@ -2,14 +2,10 @@
 
 Each decision has one entry point, and the stages call only these:
 
-==========================================================  =========================================
-decision                                                    entry point (module)
-==========================================================  =========================================
-which synthesis candidates are kept (predicted pass rates)  :func:`keep_predicted` (``samplers``)
-in what order RL reads its problems; which the probe covers :func:`probe_plan` (``order``)
-which evolved generation joins the RL pool                  :func:`feed_generations` (``schedule``)
-which probed problems GRPO trains on, in what order         :func:`keep_for_grpo` (``filter``)
-==========================================================  =========================================
+* which synthesis candidates are kept (from predicted pass rates): :func:`keep_predicted` (``samplers``);
+* in what order RL reads its problems, and which of them the probe covers: :func:`probe_plan` (``order``);
+* which evolved generation joins the RL pool: :func:`feed_generations` (``schedule``);
+* which probed problems GRPO trains on, and in what order: :func:`keep_for_grpo` (``filter``).
 
 They all read the policy's pass rates in one shape, :data:`PassRates` (``{problem_id:
 PassRate(successes, samples)}``, ``table``); the samplers' wider pandas frame is built from it
