@@ -209,7 +209,7 @@ STAGES: tuple[Stage, ...] = (
                   *(f"curriculum.{k}" for k in ("p_star", "band", "hard_threshold", "easy_threshold", "replay_share",
                                                 "infeasible_share", "min_attempts", "seed"))),
           code=("apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/trajectories.py",
-                "apprentice/difficulty.py", "apprentice/samplers.py", "apprentice/training/curriculum.py"),
+                "apprentice/difficulty.py", "apprentice/curriculum"),
           io=_synth, builds_envs=True),
     Stage("evolve", "apprentice.stages.evolve", params=("curriculum.evolve",),
           code=("apprentice/envs", "apprentice/trajectories.py"), io=_evolve, builds_envs=True,
@@ -228,7 +228,7 @@ STAGES: tuple[Stage, ...] = (
                   "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
                   "curriculum.evolve.feed"),  # the generation scheduler's feed of evolved problems
           code=("apprentice/training", "apprentice/modeling.py", "apprentice/rollout.py", "apprentice/envs",
-                "apprentice/templates", "apprentice/samplers.py"),
+                "apprentice/templates", "apprentice/curriculum"),
           io=_rl, builds_envs=True, curve="rl"),
     Stage("distill", "apprentice.stages.distill", params=("distill", "model", "pipeline.seed"),
           code=("apprentice/training", "apprentice/modeling.py", "apprentice/templates"),

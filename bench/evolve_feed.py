@@ -3,7 +3,7 @@
     .venv/bin/python bench/evolve_feed.py --model models/iter_1/sft --feed 8
 
 Builds the evolved generations of ``params.yaml`` (``curriculum.evolve``) in a temp dir, then runs
-exactly the RL stage's walk (``training.curriculum.feed_generations`` with the RL probe): ``--feed``
+exactly the RL stage's walk (``apprentice.curriculum.feed_generations`` with the RL probe): ``--feed``
 problems per generation, ``rl.probe_samples`` sampled episodes each, moving on while the pass rate
 reaches ``curriculum.advance_threshold``. Prints the scheduler's state (generation chosen, pass rate
 per generation probed) as one JSON line.
@@ -29,11 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from apprentice.config import load_config
+    from apprentice.curriculum import feed_generations
     from apprentice.modeling import load_model, load_tokenizer
     from apprentice.paths import Paths
     from apprentice.stages import evolve
     from apprentice.stages import rl as rl_stage
-    from apprentice.training.curriculum import feed_generations
 
     cfg = load_config(args.params, overrides=[f"curriculum.evolve.feed={args.feed}"])
     paths = Paths(Path(tempfile.mkdtemp(prefix="evolve-feed-")), 1)

@@ -35,6 +35,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from apprentice.config import Config  # noqa: E402
+from apprentice.curriculum import SAMPLERS  # noqa: E402
 from apprentice.difficulty import (  # noqa: E402
     DifficultyPredictor,
     calibration,
@@ -46,7 +47,6 @@ from apprentice.difficulty import (  # noqa: E402
 from apprentice.envs import FAMILIES, ProblemSpec  # noqa: E402
 from apprentice.envs.evolve import abilities_of, direction_scores, hardness, noisy_oracle_episode  # noqa: E402
 from apprentice.paths import Paths  # noqa: E402
-from apprentice.samplers import SAMPLERS  # noqa: E402
 from apprentice.stages import evolve as evolve_stage  # noqa: E402
 from apprentice.trajectories import read_parquet, specs_of  # noqa: E402
 

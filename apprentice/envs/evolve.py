@@ -22,8 +22,8 @@ Also here: :func:`direction_scores` (the per-direction position the samplers and
 predictor read), :func:`abilities_of` (AES's ability tags), the fixed *reference policy* used to
 measure that each generation is harder (an oracle that slips into a random tool call with
 probability epsilon before each step: it has no learning, so its pass rate moves only with the
-problems), and :class:`GenerationScheduler` (feed the next generation when the student passes the
-current one).
+problems). Which generation joins training is a curriculum decision:
+:mod:`apprentice.curriculum.schedule` (``GenerationScheduler``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import inspect
 import random
 import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from apprentice.envs import FAMILIES, Environment, ProblemSpec, ToolCall, replay
@@ -237,32 +237,3 @@ def noisy_oracle_episode(spec: ProblemSpec, epsilon: float, rng: random.Random,
             i += 1
         turns += 1
     return {"success": env.get_reward() >= 1.0, "turns": turns, "slips": slips, "plan_len": len(plan)}
-
-
-# ---- scheduler ----------------------------------------------------------------------------------
-class GenerationScheduler:
-    """Which generation training draws from: advance when the student's pass rate on the current
-    generation reaches ``threshold`` (never past the last; never back)."""
-
-    def __init__(self, n_generations: int, threshold: float) -> None:
-        if n_generations < 1:
-            raise ValueError("n_generations must be >= 1")
-        self.n, self.threshold, self.current = n_generations, threshold, 0
-        self.history: list[tuple[int, float]] = []
-
-    def observe(self, pass_rate: float) -> int:
-        """Record the student's pass rate on the current generation; return the generation to use next."""
-        self.history.append((self.current, float(pass_rate)))
-        if pass_rate >= self.threshold and self.current < self.n - 1:
-            self.current += 1
-        return self.current
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"current": self.current, "threshold": self.threshold, "n": self.n, "history": self.history}
-
-    @classmethod
-    def from_state(cls, d: Mapping[str, Any]) -> GenerationScheduler:
-        s = cls(int(d["n"]), float(d["threshold"]))
-        s.current = int(d["current"])
-        s.history = [(int(g), float(p)) for g, p in d.get("history", [])]
-        return s

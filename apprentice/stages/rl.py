@@ -3,7 +3,7 @@
 1. order the training problems easy -> hard;
 2. probe the first ``rl.probe_problems`` of them with ``rl.probe_samples`` sampled episodes each
    (temperature 1, the same engine evaluation uses) and drop those the policy always or never
-   solves (``training.curriculum``), or let ``curriculum.sampler`` pick (``rl.curriculum: sampler``);
+   solves (``apprentice.curriculum``), or let ``curriculum.sampler`` pick (``rl.curriculum: sampler``);
    with ``curriculum.evolve.feed > 0`` the generation scheduler also probes the evolved generations
    (``data/iter_k/evolve``) and adds the first one the policy has not mastered to what is picked from;
 3. GRPO over what is left, in order (``training.rl``).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from typing import Any
 
 import pandas as pd
@@ -32,21 +31,14 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
                     generations: list[pd.DataFrame] | None = None) -> tuple[pd.DataFrame, dict]:
     """Curriculum order + pass-rate filter (or sampler); returns the kept rows (in order) and a summary.
 
-    ``generations``: the evolved generations (0..G) the scheduler may feed in (``curriculum.evolve.feed``)."""
-    from apprentice.training import curriculum
+    ``generations``: the evolved generations (0..G) the scheduler may feed in (``curriculum.evolve.feed``).
+    The decisions are :mod:`apprentice.curriculum`'s; this runs the probe they read."""
+    from apprentice import curriculum
 
-    if "split" in problems.columns:
-        problems = problems[problems["split"] != "eval"]
-    ordered = curriculum.order_by_difficulty(problems) if cfg.rl.curriculum == "difficulty" else \
-        problems.sample(frac=1.0, random_state=cfg.rl.seed).reset_index(drop=True)
-    ids = ordered["problem_id"].tolist()
     feed = cfg.curriculum.evolve.feed if generations else 0
-    if cfg.rl.probe_samples <= 0:
-        if feed:
-            raise ValueError("curriculum.evolve.feed > 0 needs the RL probe to measure the policy on each "
-                             "generation; set rl.probe_samples >= 1 or curriculum.evolve.feed: 0")
-        return ordered, {"candidates": len(ids), "probed": 0, "kept": len(ids)}
-    probe_rows = spread(ordered, cfg.rl.probe_problems)
+    ordered, probe_rows = curriculum.probe_plan(problems, cfg, feed)
+    if probe_rows is None:
+        return ordered, {"candidates": len(ordered), "probed": 0, "kept": len(ordered)}
     table = probe_pass_rates(cfg, probe_rows, model, tokenizer)
     fed: dict[str, Any] = {}
     if feed:  # the scheduler's generation joins right after the probed problems (GRPO reads in order)
@@ -58,35 +50,9 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
         ordered = pd.concat([ordered.head(n), rows, ordered.iloc[n:]], ignore_index=True)
         probe_rows = ordered.head(n + len(rows))
         table.update(rates)
-        ids = ordered["problem_id"].tolist()
         fed = {"evolve_feed": fed}
-    if cfg.rl.curriculum == "sampler":  # issue B samplers (pass_band, dtac, hdc, aes) pick from the probe
-        from apprentice import samplers
-
-        picked = samplers.order_problems(probe_rows, samplers.table_from_rates(table, probe_rows), cfg.curriculum)
-        if picked.empty:  # nothing the sampler accepts (a policy that solves nothing): the filter's fallback
-            warnings.warn(f"curriculum sampler '{cfg.curriculum.sampler}' picked none of the {len(probe_rows)} probed "
-                          "problems; training on the unfiltered order (expect ~zero GRPO gradient). Probe more "
-                          "problems (rl.probe_problems) or widen the band (curriculum.band).", stacklevel=2)
-            picked = ordered
-        summary = curriculum.filter_summary(ids, table, picked["problem_id"].tolist())
-        return picked, {**summary, "sampler": cfg.curriculum.sampler, **fed}
-    strata = {r["problem_id"]: (r["family"], int(r["level"])) for r in ordered.to_dict("records")}
-    kept = curriculum.band_first(curriculum.pass_rate_filter(ids, table), table, strata)
-    summary = curriculum.filter_summary(ids, table, kept)
-    by_id = ordered.set_index("problem_id", drop=False)
-    return by_id.loc[kept].reset_index(drop=True), {**summary, **fed}
-
-
-def spread(ordered: pd.DataFrame, n: int) -> pd.DataFrame:
-    """``n`` rows evenly spaced over the curriculum order (easy -> hard), in that order.
-
-    Why not the first ``n``: the easiest problems are the ones an SFT model already always solves
-    (no GRPO signal); probing across the whole order finds the band where it sometimes succeeds."""
-    if n >= len(ordered):
-        return ordered
-    idx = sorted({round(i * (len(ordered) - 1) / max(n - 1, 1)) for i in range(n)})
-    return ordered.iloc[idx].reset_index(drop=True)
+    kept, summary = curriculum.keep_for_grpo(ordered, probe_rows, table, cfg)
+    return kept, {**summary, **fed}
 
 
 def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
@@ -103,9 +69,9 @@ def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
 
 
 def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
+    from apprentice.curriculum import pass_rates
     from apprentice.distributed import run_episodes
     from apprentice.policies.hf_cached import CachedHFPolicy
-    from apprentice.training.curriculum import pass_rates
 
     was_training = model.training
     model.eval()

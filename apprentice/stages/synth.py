@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from apprentice import dedupe, trajectories
 from apprentice.config import Config
+from apprentice.curriculum import SAMPLER_SETTINGS, keep_predicted
 from apprentice.envs import FAMILIES, base, env_for
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
@@ -61,7 +62,7 @@ def fingerprint(cfg: Config, paths: Paths) -> str:
                             "benchmark": _sha256(paths.benchmark) if paths.benchmark.exists() else None}
     if cfg.synth.sampler != "none":
         prev = previous_episodes(cfg, paths)
-        blob["selection"] = {"curriculum": cfg.curriculum.model_dump(mode="json", exclude=SELECTION_EXCLUDE),
+        blob["selection"] = {"curriculum": cfg.curriculum.model_dump(mode="json", include=set(SAMPLER_SETTINGS)),
                              "episodes": _sha256(prev) if prev else None}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
@@ -81,8 +82,6 @@ def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
     return gen
 
 
-#: curriculum keys synthesis does not read (it takes its sampler from synth.sampler).
-SELECTION_EXCLUDE = {"evolve", "sampler", "advance_threshold"}
 
 
 def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
@@ -118,9 +117,6 @@ def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | No
     scores each candidate's spec; the sampler reads them as a pass-rate table. Falls back to the
     first ``n`` candidates (with the reason) when there is nothing to fit on; tops up in
     generation order when the sampler keeps fewer than ``n`` (a narrow band)."""
-    from apprentice import samplers
-    from apprentice.training.curriculum import PassRate
-
     first = list(range(min(n, len(candidates))))
     if episodes is None:
         return first, {"sampler": cfg.synth.sampler, "fallback": "no previous iteration's episodes"}
@@ -128,18 +124,10 @@ def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | No
         pred, fitted = predict_pass_rates(episodes, candidates)
     except ValueError as e:  # all successes or all failures: no signal to fit
         return first, {"sampler": cfg.synth.sampler, "fallback": str(e).split(";")[0]}
-    frame = problems_frame(candidates, [0] * len(candidates), "train")
-    scale = 100  # predicted rate as successes out of 100 "attempts": the samplers' table, 1 % resolution
-    rates = {s.problem_id: PassRate(round(float(p) * scale), scale) for s, p in zip(candidates, pred, strict=True)}
-    table = samplers.table_from_rates(rates, frame)
-    picked = samplers.sample(table, n, cfg.curriculum.model_copy(update={"sampler": cfg.synth.sampler}))
-    chosen = set(picked[:n])
-    order = [i for i, s in enumerate(candidates) if s.problem_id in chosen]
-    topped = [i for i, s in enumerate(candidates) if s.problem_id not in chosen][: n - len(order)]
-    keep = sorted(order + topped)
+    keep, picked, topped = keep_predicted(problems_frame(candidates, [0] * len(candidates), "train"), pred, n, cfg)
     kept_pred = [float(pred[i]) for i in keep]
-    return keep, {"sampler": cfg.synth.sampler, "candidates": len(candidates), "picked": len(order),
-                  "topped_up": len(topped), "fitted_on": str(episodes.name), "fit_episodes": fitted,
+    return keep, {"sampler": cfg.synth.sampler, "candidates": len(candidates), "picked": picked,
+                  "topped_up": topped, "fitted_on": str(episodes.name), "fit_episodes": fitted,
                   "predicted_pass_rate_kept": round(sum(kept_pred) / len(kept_pred), 4) if kept_pred else None,
                   "predicted_pass_rate_all": round(float(pred.mean()), 4)}
 

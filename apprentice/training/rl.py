@@ -8,11 +8,11 @@ families and each prompt shows only its family's tools. No ``rollout_func`` is n
 environment loop covers every case the pipeline has (tool-calling episodes with an env reward).
 
 What this module adds on top:
-  * **Curriculum order**: rows are ordered easy -> hard (``training.curriculum``) and TRL's sampler
+  * **Curriculum order**: rows are ordered easy -> hard (``apprentice.curriculum``) and TRL's sampler
     keeps that order (``shuffle_dataset=False``: its ``RepeatSampler`` then walks the dataset
     sequentially, each prompt repeated ``num_generations`` times in a row).
   * **Pass-rate filter**: problems the current policy always or never solves are dropped before
-    training (``training.curriculum.pass_rate_filter``), measured by sampled probe rollouts through
+    training (``apprentice.curriculum.keep_for_grpo``), measured by sampled probe rollouts through
     the same engine that evaluates (``apprentice.rollout.run_episodes``).
   * **bf16 rollouts**: TRL generates outside autocast, i.e. in fp32, even with ``bf16=True``;
     :class:`CurriculumGRPOTrainer` wraps generation in autocast (~1.4x on AMX CPUs; pitfall 10).

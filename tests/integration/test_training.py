@@ -196,7 +196,7 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
     live = curves.read_dvclive(paths.rl_model / curves.DVCLIVE_DIR)  # GRPO's curves reach DVC's plots too
     assert any("rewards/EchoEnv/mean" in r and "loss" in r for r in live), live
     order = json.loads((paths.rl_model / "curriculum.json").read_text())["order"]
-    from apprentice.training.curriculum import order_by_difficulty
+    from apprentice.curriculum import order_by_difficulty
     from apprentice.trajectories import read_parquet
 
     ordered = order_by_difficulty(read_parquet(paths.problems))["problem_id"].tolist()

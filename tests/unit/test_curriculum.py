@@ -1,4 +1,4 @@
-"""Curriculum order and the pass-rate filter (pure functions over tables)."""
+"""Curriculum order, the pass-rate filter and the generation scheduler (pure functions over tables)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from apprentice.training.curriculum import (
+from apprentice.curriculum import (
+    GenerationScheduler,
     PassRate,
     filter_summary,
     order_by_difficulty,
@@ -57,10 +58,42 @@ def test_filter_falls_back_to_unfiltered_when_nothing_is_informative():
 
 
 def test_band_first_then_unprobed_by_their_strata_pass_rate():
-    from apprentice.training.curriculum import PassRate, band_first
+    from apprentice.curriculum import PassRate, band_first
 
     table = {"a": PassRate(4, 4), "b": PassRate(2, 4), "c": PassRate(0, 4)}  # a: easy, b: band, c: hard
     strata = {"a": "easy", "b": "mid", "c": "hard", "x": "easy", "y": "mid", "z": "hard", "w": "unknown"}
     kept = ["a", "x", "y", "b", "z", "w"]
     assert band_first(kept, table, strata) == ["b", "y", "x", "z", "a", "w"]  # y: its stratum is at 0.5
     assert band_first(kept, table) == ["b", "a", "x", "y", "z", "w"]  # without strata: order kept
+
+
+def test_scheduler_advances_on_threshold_and_stops_at_last():
+    s = GenerationScheduler(3, 0.6)
+    assert [s.observe(p) for p in (0.2, 0.59, 0.6, 0.9, 0.95, 0.1)] == [0, 0, 1, 2, 2, 2]
+    assert GenerationScheduler.from_state(json.loads(json.dumps(s.state_dict()))).current == 2
+
+
+def test_synthesis_fingerprints_exactly_the_settings_a_sampler_reads():
+    """``SAMPLER_SETTINGS`` is what ``sample`` passes to a sampler and what synthesis fingerprints: every
+    curriculum key but the sampler's name (synthesis takes ``synth.sampler``), the scheduler's threshold
+    and the evolve section."""
+    from apprentice.config import CurriculumConfig
+    from apprentice.curriculum import SAMPLER_SETTINGS
+
+    assert set(CurriculumConfig.model_fields) - set(SAMPLER_SETTINGS) == {"sampler", "advance_threshold", "evolve"}
+
+
+def test_callers_import_the_curriculum_only_through_its_package():
+    """One entry point per decision: outside ``apprentice/curriculum/`` no module names a submodule of
+    the package (``apprentice.curriculum.filter`` ...), nor the two modules it replaced."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    bad = re.compile(r"apprentice\.curriculum\.\w+\s+import|from apprentice\.curriculum\.|"
+                     r"apprentice\.samplers\b|training\.curriculum\b|from apprentice\.training import curriculum")
+    files = [p for d in ("apprentice", "bench", "tests", "tasks", "flows") for p in sorted((root / d).rglob("*.py"))
+             if p.parent != root / "apprentice" / "curriculum" and p != Path(__file__).resolve()]
+    offenders = [f"{p.relative_to(root)}:{i}" for p in files
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if bad.search(line)]
+    assert not offenders, offenders

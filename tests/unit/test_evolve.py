@@ -1,4 +1,6 @@
-"""Evolution operators raise the difficulty vector and keep problems solvable; scheduler; stage."""
+"""Evolution operators raise the difficulty vector and keep problems solvable; stage.
+
+The generation scheduler is curriculum: tests/unit/test_curriculum.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from apprentice.config import Config
 from apprentice.envs import FAMILIES
 from apprentice.envs.evolve import (
     DIRECTION_NAMES,
-    GenerationScheduler,
     direction_scores,
     evolve_generation,
     evolve_spec,
@@ -69,12 +70,6 @@ def test_reference_policy_is_deterministic_and_perfect_without_noise():
     a = [noisy_oracle_episode(spec, 0.5, random.Random(7))["success"] for _ in range(1)]
     b = [noisy_oracle_episode(spec, 0.5, random.Random(7))["success"] for _ in range(1)]
     assert a == b
-
-
-def test_scheduler_advances_on_threshold_and_stops_at_last():
-    s = GenerationScheduler(3, 0.6)
-    assert [s.observe(p) for p in (0.2, 0.59, 0.6, 0.9, 0.95, 0.1)] == [0, 0, 1, 2, 2, 2]
-    assert GenerationScheduler.from_state(json.loads(json.dumps(s.state_dict()))).current == 2
 
 
 def test_stage_writes_generations_and_resumes(tmp_path):

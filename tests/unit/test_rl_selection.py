@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from apprentice.config import load_config
+from apprentice.curriculum import PassRate
 from apprentice.envs import FAMILIES
 from apprentice.stages import rl as rl_stage
-from apprentice.training.curriculum import PassRate
 from apprentice.trajectories import problems_frame
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def test_probe_spreads_over_the_order_and_band_problems_come_first(monkeypatch):
     monkeypatch.setattr(rl_stage, "probe_pass_rates", probe)
     cfg = load_config(ROOT / "params.yaml", overrides=["rl.probe_problems=4", "rl.probe_samples=4"])
     kept, summary = rl_stage.select_problems(cfg, problems, None, None)
-    from apprentice.training.curriculum import order_by_difficulty
+    from apprentice.curriculum import order_by_difficulty
 
     order = order_by_difficulty(problems)["problem_id"].tolist()
     assert probed[0] == [order[0], order[4], order[7], order[11]]  # evenly spaced, first and last included

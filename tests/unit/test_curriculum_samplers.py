@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from apprentice.config import CurriculumConfig
-from apprentice.samplers import SAMPLERS, aes, dtac, hdc, pass_band, pass_table, sample
+from apprentice.curriculum import SAMPLERS, aes, dtac, hdc, pass_band, pass_table, sample
 
 
 def _table(rates, attempts=8, **cols):
@@ -102,7 +102,7 @@ def test_pass_table_from_trajectories():
 
 
 def test_order_problems_returns_problem_rows_in_sampler_order():
-    from apprentice.samplers import order_problems
+    from apprentice.curriculum import order_problems
 
     t = _table([0.5, 0.45, 0.0, 1.0])
     problems = pd.DataFrame({"problem_id": list(t["problem_id"])[::-1], "spec": ["{}"] * 4})
@@ -113,9 +113,8 @@ def test_order_problems_returns_problem_rows_in_sampler_order():
 
 
 def test_table_from_rl_probe_rates():
+    from apprentice.curriculum import PassRate, table_from_rates
     from apprentice.envs.store import StoreEnv
-    from apprentice.samplers import table_from_rates
-    from apprentice.training.curriculum import PassRate
 
     specs = [StoreEnv.generate(i, i) for i in range(3)]
     problems = pd.DataFrame({"problem_id": [s.problem_id for s in specs], "spec": [s.to_json() for s in specs]})

@@ -12,8 +12,11 @@ pandas frame with one row per problem:
   ``abilities``   list[str] or JSON list (aes needs it): what solving the problem exercises
 
 so they can be tested on synthetic tables and reused by RL (order the training prompts) and by
-synthesis (pick which problems to keep). Why hand-written: the rules are a few lines each and come
-from papers (METHODS.md §2: pass-rate band / AdvSim2Real's "solved about half the time", DTAC,
+synthesis (pick which problems to keep). The frame is built from the stages' pass rates by
+:func:`apprentice.curriculum.table.table_from_rates`; :func:`keep_predicted` is synthesis's entry
+point, and the RL stage reaches :func:`order_problems` through
+:func:`apprentice.curriculum.filter.keep_for_grpo`. Why hand-written: the rules are a few lines
+each and come from papers (METHODS.md §2: pass-rate band / AdvSim2Real's "solved about half the time", DTAC,
 HDC, AES) that ship no reusable library. Ties are broken by a seeded hash of the problem id, so the
 order is reproducible and does not depend on row order.
 """
@@ -23,13 +26,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
 
-__all__ = ["SAMPLERS", "aes", "dtac", "hdc", "order_problems", "pass_band", "pass_table", "sample",
-           "table_from_rates"]
+from apprentice.curriculum.table import PassRate, table_from_rates
+
+__all__ = ["SAMPLERS", "SAMPLER_SETTINGS", "aes", "dtac", "hdc", "keep_predicted", "order_problems", "pass_band",
+           "sample"]
 
 
 def _tiebreak(pid: str, seed: int) -> str:
@@ -39,7 +44,7 @@ def _tiebreak(pid: str, seed: int) -> str:
 def _prepared(table: pd.DataFrame) -> pd.DataFrame:
     t = table.copy()
     if "problem_id" not in t:
-        raise ValueError("pass-rate table needs a 'problem_id' column (see apprentice.samplers docstring)")
+        raise ValueError("pass-rate table needs a 'problem_id' column (see apprentice.curriculum.samplers docstring)")
     if "pass_rate" not in t:
         if not {"attempts", "successes"} <= set(t):
             raise ValueError("pass-rate table needs 'pass_rate' or both 'attempts' and 'successes'")
@@ -125,7 +130,7 @@ def hdc(table: pd.DataFrame, n: int | None = None, *, easy_threshold: float = 0.
     t = _prepared(table)
     for col in ("state", "harness"):
         if col not in t:
-            raise ValueError(f"hdc needs a '{col}' column; build the table with apprentice.samplers.pass_table")
+            raise ValueError(f"hdc needs a '{col}' column; build the table with apprentice.curriculum.pass_table")
     if "horizon" not in t:
         t["horizon"] = 0
     t = t[~(t["pass_rate"] >= easy_threshold)]
@@ -150,7 +155,7 @@ def aes(table: pd.DataFrame, n: int, *, p_star: float = 0.5, easy_threshold: flo
     up the most common kind. Mastered problems are skipped unless nothing else is left."""
     t = _prepared(table)
     if "abilities" not in t:
-        raise ValueError("aes needs an 'abilities' column; build the table with apprentice.samplers.pass_table")
+        raise ValueError("aes needs an 'abilities' column; build the table with apprentice.curriculum.pass_table")
     live = t[~(t["pass_rate"] >= easy_threshold)]
     if live.empty:
         live = t
@@ -174,6 +179,11 @@ def aes(table: pd.DataFrame, n: int, *, p_star: float = 0.5, easy_threshold: flo
 
 SAMPLERS: dict[str, Callable[..., list[str]]] = {"pass_band": pass_band, "dtac": dtac, "hdc": hdc, "aes": aes}
 
+#: The ``curriculum.*`` settings a sampler reads (``curriculum.sampler`` picks which one): what
+#: synthesis, whose sampler is ``synth.sampler``, fingerprints and depends on.
+SAMPLER_SETTINGS = ("p_star", "band", "hard_threshold", "easy_threshold", "replay_share", "infeasible_share",
+                    "min_attempts", "seed")
+
 
 def sample(table: pd.DataFrame, n: int, cfg: Any) -> list[str]:
     """Dispatch on ``cfg.sampler`` (a :class:`apprentice.config.CurriculumConfig`) with its settings."""
@@ -181,14 +191,13 @@ def sample(table: pd.DataFrame, n: int, cfg: Any) -> list[str]:
         fn = SAMPLERS[cfg.sampler]
     except KeyError:
         raise ValueError(f"unknown curriculum.sampler '{cfg.sampler}'; choose from {sorted(SAMPLERS)}") from None
-    kw = {k: getattr(cfg, k) for k in ("p_star", "band", "replay_share", "infeasible_share", "hard_threshold",
-                                        "easy_threshold", "min_attempts", "seed")}
+    kw = {k: getattr(cfg, k) for k in SAMPLER_SETTINGS}
     return fn(table, n, **kw)
 
 
 def order_problems(problems: pd.DataFrame, table: pd.DataFrame, cfg: Any, n: int | None = None) -> pd.DataFrame:
-    """The rows of a problems frame that ``cfg.sampler`` picks from ``table``, in its order: the one
-    call RL (training prompts) and synthesis (which problems to keep) need."""
+    """The rows of a problems frame that ``cfg.sampler`` picks from ``table``, in its order (the RL
+    training prompts, :func:`apprentice.curriculum.filter.keep_for_grpo`)."""
     ids = sample(table, n if n is not None else len(table), cfg)
     by_id = problems.set_index("problem_id", drop=False)
     missing = [i for i in ids if i not in by_id.index]
@@ -198,36 +207,19 @@ def order_problems(problems: pd.DataFrame, table: pd.DataFrame, cfg: Any, n: int
     return by_id.loc[ids].reset_index(drop=True)
 
 
-def table_from_rates(rates: Any, problems: pd.DataFrame) -> pd.DataFrame:
-    """The samplers' table from ``training.curriculum.pass_rates`` output (``{pid: PassRate(successes,
-    samples)}``) plus the problems frame that holds their specs: the bridge the RL stage needs."""
-    ids = [pid for pid in problems["problem_id"] if pid in rates]
-    spec = problems.set_index("problem_id").loc[ids, "spec"]
-    rows = pd.DataFrame({"problem_id": ids, "success": [0] * len(ids), "spec": list(spec)})
-    t = pass_table(rows)
-    t["attempts"] = [int(rates[i].samples) for i in t["problem_id"]]
-    t["successes"] = [int(rates[i].successes) for i in t["problem_id"]]
-    t["pass_rate"] = t["successes"] / t["attempts"].where(t["attempts"] > 0)
-    return t
-
-
-def pass_table(trajectories: pd.DataFrame, problems: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per-problem table from trajectory rows (``problem_id``, ``success``, ``spec``), with the
-    direction scores and abilities the samplers read. ``problems`` (a problems parquet frame) adds
-    unprobed problems with attempts 0 and pass rate NaN."""
-    from apprentice.envs import ProblemSpec
-    from apprentice.envs.evolve import abilities_of, direction_scores
-
-    agg = trajectories.groupby("problem_id").agg(attempts=("success", "size"), successes=("success", "sum"),
-                                                 spec=("spec", "first")).reset_index()
-    if problems is not None:
-        missing = problems[~problems["problem_id"].isin(agg["problem_id"])]
-        agg = pd.concat([agg, pd.DataFrame({"problem_id": missing["problem_id"], "attempts": 0, "successes": 0,
-                                            "spec": missing["spec"]})], ignore_index=True)
-    agg["pass_rate"] = agg["successes"] / agg["attempts"].where(agg["attempts"] > 0)
-    specs = [ProblemSpec.from_json(s) for s in agg["spec"]]
-    scores = pd.DataFrame([direction_scores(s) for s in specs])
-    agg = pd.concat([agg.reset_index(drop=True), scores], axis=1)
-    agg["family"] = [s.family for s in specs]
-    agg["abilities"] = [sorted(abilities_of(s)) for s in specs]
-    return agg
+def keep_predicted(candidates: pd.DataFrame, predicted: Sequence[float], n: int,
+                   cfg: Any) -> tuple[list[int], int, int]:
+    """Which of the synthesis ``candidates`` (a problems frame, in generation order) to keep, from
+    their *predicted* pass rates (``predicted[i]`` for row ``i``; the ex-ante difficulty predictor,
+    no rollout): ``synth.sampler`` with the ``curriculum.*`` settings picks up to ``n``, topped up in
+    generation order when it picks fewer (a narrow band). ``cfg`` is the whole config. Returns the
+    kept row indices (sorted) and how many were picked and topped up."""
+    ids = candidates["problem_id"].tolist()
+    scale = 100  # predicted rate as successes out of 100 "attempts": the samplers' table, 1 % resolution
+    rates = {pid: PassRate(round(float(p) * scale), scale) for pid, p in zip(ids, predicted, strict=True)}
+    table = table_from_rates(rates, candidates)
+    picked = sample(table, n, cfg.curriculum.model_copy(update={"sampler": cfg.synth.sampler}))
+    chosen = set(picked[:n])
+    order = [i for i, pid in enumerate(ids) if pid in chosen]
+    topped = [i for i, pid in enumerate(ids) if pid not in chosen][: n - len(order)]
+    return sorted(order + topped), len(order), len(topped)

@@ -1,0 +1,51 @@
+"""Curriculum: which problems the pipeline spends rollouts and gradient steps on.
+
+Each decision has one entry point, and the stages call only these:
+
+* which synthesis candidates are kept (from predicted pass rates): :func:`keep_predicted` (``samplers``);
+* in what order RL reads its problems, and which of them the probe covers: :func:`probe_plan` (``order``);
+* which evolved generation joins the RL pool: :func:`feed_generations` (``schedule``);
+* which probed problems GRPO trains on, and in what order: :func:`keep_for_grpo` (``filter``).
+
+They all read the policy's pass rates in one shape, :data:`PassRates` (``{problem_id:
+PassRate(successes, samples)}``, ``table``); the samplers' wider pandas frame is built from it
+inside the package. The rules come from papers that ship no reusable library (METHODS.md §1
+environment evolution and its generation schedule; §2 pass-rate band, DTAC, HDC, AES; §4 pass-rate
+calibration), so they are small pure functions over tables, tested on synthetic ones. The evolution
+operators that *make* harder generations stay with the environments (:mod:`apprentice.envs.evolve`).
+"""
+
+from __future__ import annotations
+
+from apprentice.curriculum.filter import (
+    band_first,
+    filter_summary,
+    informative,
+    keep_for_grpo,
+    pass_rate_filter,
+)
+from apprentice.curriculum.order import difficulty_key, order_by_difficulty, probe_plan, spread
+from apprentice.curriculum.samplers import (
+    SAMPLER_SETTINGS,
+    SAMPLERS,
+    aes,
+    dtac,
+    hdc,
+    keep_predicted,
+    order_problems,
+    pass_band,
+    sample,
+)
+from apprentice.curriculum.schedule import GenerationScheduler, feed_generations
+from apprentice.curriculum.table import PassRate, PassRates, pass_rates, pass_table, table_from_rates
+
+__all__ = [
+    # the entry points, one per decision
+    "feed_generations", "keep_for_grpo", "keep_predicted", "probe_plan",
+    # the pass-rate table
+    "PassRate", "PassRates", "pass_rates", "pass_table", "table_from_rates",
+    # the rules behind the entry points (tests, bench/)
+    "SAMPLERS", "SAMPLER_SETTINGS", "GenerationScheduler", "aes", "band_first", "difficulty_key", "dtac",
+    "filter_summary", "hdc", "informative", "order_by_difficulty", "order_problems", "pass_band",
+    "pass_rate_filter", "sample", "spread",
+]
