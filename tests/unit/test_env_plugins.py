@@ -70,24 +70,25 @@ def test_readme_example_via_entry_point(tmp_path, monkeypatch, families_snapshot
 
 
 def test_check_env_finds_a_broken_family(families_snapshot):
-    from apprentice.envs.base import Environment
+    from apprentice.envs.base import Environment, tool
     from apprentice.envs.check import check_family
 
     class Broken(Environment):  # raises on bad input, returns non-strings, oracle never wins
         family = "broken_test"
         axes = FAMILIES["grid"].axes
 
-        def _build(self, spec):
+        def build(self, spec):
             return "task"
 
-        def _oracle(self):
+        def oracle(self):
             from apprentice.envs.base import ToolCall
 
             return [ToolCall("poke", {"x": 1})]
 
-        def _turn_budget(self):
+        def turn_budget(self):
             return 3
 
+        @tool
         def poke(self, x: int) -> str:
             """Poke.
 
