@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from apprentice.envs import FAMILIES, ProblemSpec, ToolCall, replay
+from apprentice.envs import FAMILIES, ProblemSpec, ToolCall, replay, trl_environment
 from apprentice.envs.grid import LEVELS as GRID_LEVELS
 from apprentice.envs.grid import GridEnv
 from apprentice.envs.search import LEVELS as SEARCH_LEVELS
@@ -39,11 +39,15 @@ def test_families_registered():
 
 
 @pytest.mark.parametrize("cls", [GridEnv, SearchEnv])
-def test_public_functions_are_exactly_tools_reset_get_reward(cls):
-    # TRL exposes every public function of the class as a tool (grpo_trainer: getmembers(isfunction))
+def test_public_functions_are_exactly_tools_and_the_protocol(cls):
+    # TRL exposes every public function of the class it gets as a tool (grpo_trainer: getmembers(isfunction)):
+    # it gets the facade, whose public functions are the @tool methods, reset and get_reward
     public = {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
-    assert public == TOOLS[cls] | {"reset", "get_reward"}
+    assert public == TOOLS[cls] | {"reset", "get_reward", "build", "oracle", "turn_budget", "execute"}
     assert set(cls.tool_names()) == TOOLS[cls]
+    facade = trl_environment(cls)
+    assert {n for n, _ in inspect.getmembers(facade, inspect.isfunction) if not n.startswith("_")} == (
+        TOOLS[cls] | {"reset", "get_reward"})
 
 
 @pytest.mark.parametrize("cls", [GridEnv, SearchEnv])
