@@ -21,7 +21,15 @@ import importlib
 import inspect
 from collections.abc import Iterable
 
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, replay, tool, trl_environment
+from apprentice.envs.base import (
+    DifficultyAxis,
+    Environment,
+    ProblemSpec,
+    ToolCall,
+    replay,
+    tool,
+    trl_environment,
+)
 
 FAMILIES: dict[str, type[Environment]] = {}
 

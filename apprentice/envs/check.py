@@ -22,10 +22,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from apprentice.envs import resolve
-from apprentice.envs.base import _OPENAI_FUNCTION_KEYS, PROTOCOL_METHODS, ProblemSpec, ToolCall, is_tool
+from apprentice.envs.base import (
+    _OPENAI_FUNCTION_KEYS,
+    PROTOCOL_METHODS,
+    Environment,
+    ProblemSpec,
+    ToolCall,
+    is_tool,
+)
 
 
-def surface_problems(cls: type) -> list[str]:
+def surface_problems(cls: type[Environment]) -> list[str]:
     """What is wrong with ``cls``'s methods as the protocol sees them: tools marked, typed and
     documented; no public method that is neither a tool nor a protocol method."""
     out = []

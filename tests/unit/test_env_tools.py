@@ -11,7 +11,13 @@ import pytest
 from transformers.utils import get_json_schema
 
 from apprentice.envs import FAMILIES, resolve, tool, trl_environment
-from apprentice.envs.base import _OPENAI_FUNCTION_KEYS, PROTOCOL_METHODS, DifficultyAxis, Environment, ToolCall
+from apprentice.envs.base import (
+    _OPENAI_FUNCTION_KEYS,
+    PROTOCOL_METHODS,
+    DifficultyAxis,
+    Environment,
+    ToolCall,
+)
 from apprentice.envs.check import check_family, surface_problems
 
 FAMILY_NAMES = ["grid", "search", "store", "shell", "toytext_frozenlake", "toytext_taxi", "rg_basic_arithmetic"]
