@@ -147,6 +147,8 @@ def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
 def is_tool(fn: Any) -> bool:
     """Whether ``fn`` (a function from a class) is marked with :func:`tool`."""
     return inspect.isfunction(fn) and getattr(fn, _TOOL_MARK, False) is True
+
+
 #: the keys of an OpenAI tool's ``function`` object (anything else is rejected by strict servers)
 _OPENAI_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
