@@ -36,7 +36,7 @@ def spec_content_key(spec: ProblemSpec) -> str:
 
     env = resolve(spec.family)()
     task = env.reset(spec=spec)  # the first observation: the task the agent sees
-    plan = [[c.name, dict(sorted(dict(c.arguments).items()))] for c in env._oracle()]
+    plan = [[c.name, dict(sorted(dict(c.arguments).items()))] for c in env.oracle()]
     blob = json.dumps({"family": spec.family, "task": normalise_text(task), "plan": plan},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -43,14 +43,14 @@ __all__ = ["DifficultyPredictor", "calibration", "detection_rates", "feature_fra
 def spec_features(spec: ProblemSpec) -> dict[str, Any]:
     env = FAMILIES[spec.family]()
     text = env.reset(spec=spec)
-    plan = env._oracle()
+    plan = env.oracle()
     return {
         "problem_id": spec.problem_id,
         "family": spec.family,
         **direction_scores(spec),
         "plan_len": len(plan),
         "plan_tools": len({c.name for c in plan}),
-        "slack": env._turn_budget() - len(plan),
+        "slack": env.turn_budget() - len(plan),
         "text_words": len(text.split()),
     }
 

@@ -230,7 +230,7 @@ def replay_problem(spec_json: Any, messages: Any) -> tuple[bool, str]:
             if env.done:
                 break
             try:
-                obs = env._execute(ToolCall(str(name), dict(args) if isinstance(args, dict) else {}))
+                obs = env.execute(ToolCall(str(name), dict(args) if isinstance(args, dict) else {}))
             except Exception as e:  # noqa: BLE001 - the rollout engine turns a raising tool into an observation
                 obs = f"Error: tool {name} failed: {type(e).__name__}: {e}"
             replayed.append(str(obs))

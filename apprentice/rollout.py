@@ -151,7 +151,7 @@ def run_episodes(
 
     ``specs`` may be a problems table (``trajectories.problems_frame``), whose ``level`` column then
     fills ``Trajectory.level``; otherwise pass ``levels`` (one per spec, or problem_id -> level).
-    ``max_turns`` > 0 caps every episode's own budget (``env._turn_budget()``). Each round makes
+    ``max_turns`` > 0 caps every episode's own budget (``env.turn_budget()``). Each round makes
     one ``policy.act`` call per ``batch_size`` live episodes. ``seed`` seeds torch (sampling).
     ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
     ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn
@@ -182,12 +182,12 @@ def run_episodes(
         for k in range(samples_per_problem):
             env = make_env(spec)
             first = env.reset(spec=spec)
-            budget = int(env._turn_budget())
+            budget = int(env.turn_budget())
             if max_turns > 0:
                 budget = min(budget, max_turns)
             context: dict[str, Any] = {}
             if wants_plan:  # privileged: only the oracle asks for it, and it never reaches trajectories
-                context["oracle_plan"] = [{"name": c.name, "arguments": dict(c.arguments)} for c in env._oracle()]
+                context["oracle_plan"] = [{"name": c.name, "arguments": dict(c.arguments)} for c in env.oracle()]
             episodes.append(
                 _Episode(
                     spec=spec, level=level, sample_idx=k, env=env, tools=type(env).tool_schemas(),
@@ -311,7 +311,7 @@ def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_form
 def _execute(env: Environment, call: ToolCall) -> str:
     """Tools must not raise (envs/base.py); if one does, the agent sees an error, the run goes on."""
     try:
-        return env._execute(call)
+        return env.execute(call)
     except Exception as e:  # noqa: BLE001 - a buggy tool must not kill a whole rollout of many episodes
         log.warning("tool %s of %s raised %s: %s", call.name, env.family, type(e).__name__, e)
         return f"Error: tool {call.name} failed: {type(e).__name__}: {e}"

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall  # noqa: E402
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool  # noqa: E402
 
 KEYS = "abc"
 
@@ -51,12 +51,13 @@ class Keypad(Environment):
     axes: ClassVar[tuple[DifficultyAxis, ...]] = (DifficultyAxis("length", 1, 6),)
     system_prompt: ClassVar[str] = "Press the keys in order."
 
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         rng = spec.rng()
         self._target = [rng.choice(KEYS) for _ in range(int(spec.difficulty["length"]))]
         self._n = 0
         return "Keys: " + " ".join(self._target) + f". Press {self._target[0]}."
 
+    @tool
     def press(self, key: str) -> str:
         """
         Press one key.
@@ -74,10 +75,10 @@ class Keypad(Environment):
         self.done = self._n == len(self._target)
         return "done" if self.done else f"ok. Press {self._target[self._n]}."
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return [ToolCall("press", {"key": k}) for k in self._target]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return len(self._target) + 2
 
 
@@ -95,9 +96,9 @@ def oracle_messages(spec: ProblemSpec) -> list[dict]:
 
     env = Keypad()
     msgs = [{"role": "system", "content": Keypad.system_prompt}, {"role": "user", "content": env.reset(spec=spec)}]
-    for c in env._oracle():
+    for c in env.oracle():
         msgs.append(assistant_message("", [{"name": c.name, "arguments": dict(c.arguments)}]))
-        msgs.append({"role": "tool", "name": c.name, "content": env._execute(c)})
+        msgs.append({"role": "tool", "name": c.name, "content": env.execute(c)})
     return msgs
 
 

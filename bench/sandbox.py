@@ -61,7 +61,7 @@ def main(n: int = 12) -> None:
                  ToolCall("write_file", {"path": "notes.txt", "content": "x\n" * 50}),
                  ToolCall("run", {"command": "wc -l data/* logs/* 2>/dev/null"})]:
         t = time.perf_counter()
-        env._execute(call)
+        env.execute(call)
         tool_lat.append(time.perf_counter() - t)
     env._release()
     print(f"ShellEnv tools: median {st.median(tool_lat):.3f} s, max {max(tool_lat):.3f} s")

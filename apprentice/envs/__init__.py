@@ -21,7 +21,15 @@ import importlib
 import inspect
 from collections.abc import Iterable
 
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, replay
+from apprentice.envs.base import (
+    DifficultyAxis,
+    Environment,
+    ProblemSpec,
+    ToolCall,
+    replay,
+    tool,
+    trl_environment,
+)
 
 FAMILIES: dict[str, type[Environment]] = {}
 
@@ -115,4 +123,4 @@ def _load_builtin() -> None:
 _load_builtin()
 
 __all__ = ["FAMILIES", "DifficultyAxis", "Environment", "ProblemSpec", "ToolCall", "env_for", "load_entry_points", "load_modules",
-           "register", "replay", "resolve"]
+           "register", "replay", "resolve", "tool", "trl_environment"]

@@ -35,9 +35,9 @@ def measure(n: int = 30, tokenizer_dir: str = "models/base") -> list[dict[str, A
                 msgs: list[dict[str, Any]] = [{"role": "system", "content": cls.system_prompt}, {"role": "user", "content": first}]
                 tools = cls.tool_schemas()
                 prompt = count(msgs, tools, gen=True)
-                plan = env._oracle()
+                plan = env.oracle()
                 for c in plan:
-                    o = env._execute(c)
+                    o = env.execute(c)
                     obs.append(len(tok(o)["input_ids"]))
                     msgs += [{"role": "assistant", "content": "", "tool_calls": [c.as_message_call()]},
                              {"role": "tool", "name": c.name, "content": o}]

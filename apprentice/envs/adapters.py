@@ -25,7 +25,7 @@ from collections import deque
 from typing import Any, ClassVar
 
 from apprentice.envs import FAMILIES, register
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 
 __all__ = ["ensure", "register_reasoning_gym", "register_toytext"]
 
@@ -78,18 +78,19 @@ class ReasoningGymEnv(Environment):
             return rg.create_dataset(cls.dataset, **{k: v for k, v in vars(cfg).items()})
         return rg.create_dataset(cls.dataset, seed=spec.seed, size=1)
 
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         self._ds = self._dataset_for(spec)
         self._entry = self._ds[0]
         self._left = int(spec.difficulty["retries"]) + 1
         return f"{self._entry['question']}\n\nSubmit your final answer with submit(answer). Attempts: {self._left}."
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return [ToolCall("submit", {"answer": str(self._entry["answer"])})]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return int(self.spec.difficulty["retries"]) + 1 if self.spec else 1
 
+    @tool
     def submit(self, answer: str) -> str:
         """Submit your final answer.
 
@@ -160,7 +161,7 @@ class ToyTextEnv(Environment):
     def _describe(self) -> str:
         raise NotImplementedError
 
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         self._gym = self._make(spec)
         self._state, _ = self._gym.reset(seed=spec.seed)
         self._plan = self._bfs()
@@ -191,10 +192,10 @@ class ToyTextEnv(Environment):
                     q.append(nxt)
         return []
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return list(self._plan)
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return self._budget
 
     def _step(self, action: Any) -> str:
@@ -246,6 +247,7 @@ class FrozenLakeEnv(ToyTextEnv):
         desc[r][c] = "A"
         return "\n".join("".join(row) for row in desc) + f"\nYou (A) are at row {r}, column {c}."
 
+    @tool
     def act(self, action: str) -> str:
         """Move one cell.
 
@@ -281,6 +283,7 @@ class TaxiEnv(ToyTextEnv):
         grid = _ANSI.sub("", "\n".join(b"".join(r).decode() for r in self._gym.unwrapped.desc))
         return f"{grid}\nTaxi at row {row}, column {col}. Passenger {where}. Destination {self._LOCS[dest]}."
 
+    @tool
     def act(self, action: str) -> str:
         """Drive or handle the passenger.
 

@@ -12,13 +12,19 @@ Rules for subclasses (``python -m apprentice check-env FAMILY`` checks them):
     ``system_prompt``; optionally ``evolution_directions``: ``{"horizon" | "state" | "harness":
     [(axis, +1 | -1), ...]}``, which axes to move (and which way) to make the family harder in each
     direction (:mod:`apprentice.envs.evolve`); required only for families in ``curriculum.evolve.families``;
-  * ``_build(spec) -> str`` builds all episode state from the spec and returns the task text;
-    ``_oracle() -> list[ToolCall]`` the privileged solution from the fresh state; ``_turn_budget()`` the
-    assistant turns allowed (>= the oracle's length);
-  * tool methods are the *only* public methods besides ``reset`` and ``get_reward``; everything else
-    is ``_private`` or a classmethod/staticmethod (TRL exposes every public bound method as a tool).
-    Each has typed arguments and a Google-style docstring with an ``Args:`` section (the JSON schema
-    the model sees is built from them);
+  * the protocol the pipeline calls (public, so every caller uses it without reaching into privates):
+    ``build(spec) -> str`` builds all episode state from the spec and returns the task text;
+    ``oracle() -> list[ToolCall]`` the privileged solution from the fresh state; ``turn_budget()`` the
+    assistant turns allowed (>= the oracle's length); ``reset``, ``get_reward`` and ``execute(call)``
+    come from this class;
+  * tools are the methods marked with :func:`tool` (and only those): each has typed arguments and a
+    Google-style docstring with an ``Args:`` section (the JSON schema the model sees is built from
+    them). Any other public method is a mistake (a forgotten ``@tool``): mark it or make it
+    ``_private``; classmethods are class-level API and allowed. Why marked, not "every public method":
+    TRL's ``environment_factory`` exposes every public function of the class it gets as a tool, which
+    forced the protocol methods to be underscored and called from outside as privates; TRL now gets a
+    facade that holds the environment and has only ``reset``, ``get_reward`` and the marked tools
+    (:func:`trl_environment`);
   * tools return a short observation string and never raise on bad input: bad input is an
     observation starting with ``Error`` (the rollout engine counts those as ``tool_errors``, the data
     gate keeps such episodes out of SFT data), which the agent can recover from;
@@ -34,6 +40,7 @@ Rules for subclasses (``python -m apprentice check-env FAMILY`` checks them):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -115,7 +122,33 @@ class DifficultyAxis:
             )
 
 
-_NOT_TOOLS = {"reset", "get_reward"}
+#: the attribute :func:`tool` sets on a method
+_TOOL_MARK = "__apprentice_tool__"
+#: the public instance methods of the protocol (not tools); check-env flags any other public method
+#: that is not a tool
+PROTOCOL_METHODS = frozenset({"reset", "get_reward", "build", "oracle", "turn_budget", "execute"})
+
+
+def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark an environment method as a tool the agent may call (and TRL exposes); returns it unchanged.
+
+    The method needs typed arguments and a Google-style docstring with an ``Args:`` section: its
+    JSON schema is built from them (:meth:`Environment.tool_schemas`)."""
+    if not inspect.isfunction(fn):
+        raise TypeError(f"@tool marks a plain method (def name(self, ...) -> str), not {fn!r}; "
+                        "put @tool directly above the def")
+    if fn.__name__.startswith("_") or fn.__name__ in PROTOCOL_METHODS:
+        raise TypeError(f"@tool on '{fn.__name__}': a tool name must be public and not one of the protocol "
+                        f"methods {sorted(PROTOCOL_METHODS)}; rename the method")
+    setattr(fn, _TOOL_MARK, True)
+    return fn
+
+
+def is_tool(fn: Any) -> bool:
+    """Whether ``fn`` (a function from a class) is marked with :func:`tool`."""
+    return inspect.isfunction(fn) and getattr(fn, _TOOL_MARK, False) is True
+
+
 #: the keys of an OpenAI tool's ``function`` object (anything else is rejected by strict servers)
 _OPENAI_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
@@ -176,32 +209,29 @@ class Environment:
         if self.spec.family != self.family:
             raise ValueError(f"spec family '{self.spec.family}' given to environment '{self.family}'")
         self.done, self.reward, self.turns = False, 0.0, 0
-        return self._build(self.spec)
+        return self.build(self.spec)
 
     def get_reward(self) -> float:
         return float(self.reward)
 
-    # ---- to implement -----------------------------------------------------------------------
-    def _build(self, spec: ProblemSpec) -> str:
+    # ---- to implement (the protocol the pipeline calls) -----------------------------------------
+    def build(self, spec: ProblemSpec) -> str:
         """Build all episode state from ``spec``; return the first observation (the task)."""
         raise NotImplementedError
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         """The optimal tool-call sequence from the freshly reset state (privileged)."""
         raise NotImplementedError
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         """Max assistant turns for this episode (from the difficulty vector, >= len(oracle))."""
         raise NotImplementedError
 
     # ---- helpers shared by all families ------------------------------------------------------
     @classmethod
     def tool_names(cls) -> list[str]:
-        return [
-            n
-            for n, m in inspect.getmembers(cls, predicate=inspect.isfunction)
-            if not n.startswith("_") and n not in _NOT_TOOLS
-        ]
+        """The methods marked with :func:`tool`, sorted by name (the order TRL lists them in)."""
+        return [n for n, m in inspect.getmembers(cls, predicate=inspect.isfunction) if is_tool(m)]
 
     def _tools(self) -> dict[str, Callable[..., str]]:
         return {n: getattr(self, n) for n in self.tool_names()}
@@ -218,10 +248,8 @@ class Environment:
             out.append({"type": "function", "function": fn})
         return out
 
-    def _execute(self, call: ToolCall) -> str:
-        """Execute one tool call; a wrong name or arguments becomes an error observation.
-
-        (Underscored like every non-tool method: TRL would expose a public one as a tool.)"""
+    def execute(self, call: ToolCall) -> str:
+        """Execute one tool call; a wrong name or arguments becomes an error observation."""
         fn = self._tools().get(call.name)
         if fn is None:
             return f"Error: unknown tool '{call.name}'. Available tools: {', '.join(self.tool_names())}."
@@ -239,7 +267,7 @@ def replay(env_cls: type[Environment], spec: ProblemSpec, calls: list[ToolCall])
     for c in calls:
         if env.done:
             break
-        env._execute(c)
+        env.execute(c)
     return env.get_reward()
 
 
@@ -262,8 +290,8 @@ def generate_solvable(env_cls: type[Environment], seed: int, difficulty: Mapping
         spec = env_cls.make_spec(s, difficulty, generation)
         env = env_cls()
         env.reset(spec=spec)
-        calls = env._oracle()
-        if calls and len(calls) <= env._turn_budget() and replay(env_cls, spec, calls) == 1.0:
+        calls = env.oracle()
+        if calls and len(calls) <= env.turn_budget() and replay(env_cls, spec, calls) == 1.0:
             return spec
     raise RuntimeError(
         f"{env_cls.family}: no solvable problem in {tries} seeds derived from {seed} at difficulty "
@@ -273,3 +301,58 @@ def generate_solvable(env_cls: type[Environment], seed: int, difficulty: Mapping
 
 def spec_fields(spec: ProblemSpec) -> dict[str, Any]:
     return dataclasses.asdict(spec)
+
+
+_TRL_FACADES: dict[type[Environment], type] = {}
+
+
+def _forward(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A facade method calling tool ``name`` on the held environment, with ``fn``'s name, docstring and
+    signature (``functools.wraps``: TRL's schema builder reads them through ``__wrapped__``)."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def acall(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await getattr(self.env, name)(*args, **kwargs)
+
+        return acall
+
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.env, name)(*args, **kwargs)
+
+    return call
+
+
+def trl_environment(cls: type[Environment]) -> type:
+    """The class to give TRL's ``environment_factory`` for ``cls`` (one per class, cached).
+
+    TRL exposes every public function of the class it gets as a tool. An :class:`Environment` also has
+    public protocol methods (``build``, ``oracle``, ``turn_budget``, ``execute``), so TRL gets this
+    facade instead: a no-arg constructor holding a fresh ``cls()`` as ``.env``, ``reset(**row)``,
+    ``get_reward()``, and one method per :func:`tool` that calls it on ``.env`` (same name, docstring
+    and signature, so the same JSON schema). Its ``__name__`` is the environment's, so TRL's reward
+    column stays ``rewards/<EnvClass>/mean``; ``.env`` is there for whoever reads an episode's state
+    off TRL's instances (``trainer.environments``, reward functions' ``environments``)."""
+    if cls in _TRL_FACADES:
+        return _TRL_FACADES[cls]
+
+    def __init__(self: Any) -> None:
+        self.env = cls()
+
+    def reset(self: Any, **row: Any) -> str:
+        return self.env.reset(**row)
+
+    def get_reward(self: Any) -> float:
+        return self.env.get_reward()
+
+    ns: dict[str, Any] = {
+        "__init__": __init__, "reset": reset, "get_reward": get_reward, "env_class": cls,
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "__doc__": f"TRL's view of {cls.__qualname__}: reset, get_reward and its tools (see trl_environment).",
+    }
+    for name in cls.tool_names():
+        ns[name] = _forward(name, getattr(cls, name))
+    facade = type(cls.__name__, (), ns)
+    _TRL_FACADES[cls] = facade
+    return facade

@@ -6,18 +6,66 @@ levels and seeds, before any rollout: generation accepts only oracle-solvable sp
 round-trips through JSON, the same spec rebuilds the same task and observations in a fresh instance
 (determinism, third-party RNGs included), the oracle earns exactly 1.0 within the turn budget, a bad
 call is an ``Error`` observation and never an exception, rewards stay in [0, 1], and the tool
-schemas are what a strict OpenAI-compatible server accepts. Prints one line per check and the
-rendered schemas; returns the failures (empty = the family is usable).
+schemas are what a strict OpenAI-compatible server accepts. Before any episode it checks the class
+surface: at least one ``@tool``, every tool with typed arguments and a Google-style docstring
+documenting each under ``Args:``, and no public method that is neither a tool nor a protocol method
+(a forgotten ``@tool`` would otherwise be a method the model is never told about). Prints one line per
+check and the rendered schemas; returns the failures (empty = the family is usable).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from apprentice.envs import resolve
-from apprentice.envs.base import _OPENAI_FUNCTION_KEYS, ProblemSpec, ToolCall
+from apprentice.envs.base import (
+    _OPENAI_FUNCTION_KEYS,
+    PROTOCOL_METHODS,
+    Environment,
+    ProblemSpec,
+    ToolCall,
+    is_tool,
+)
+
+
+def surface_problems(cls: type[Environment]) -> list[str]:
+    """What is wrong with ``cls``'s methods as the protocol sees them: tools marked, typed and
+    documented; no public method that is neither a tool nor a protocol method."""
+    out = []
+    tools = cls.tool_names()
+    if not tools:
+        out.append("no tools: mark the methods the agent may call with @tool (from apprentice.envs import tool)")
+    for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction):
+        if name.startswith("_") or name in PROTOCOL_METHODS or is_tool(fn):
+            continue
+        out.append(f"public method '{name}' is neither a tool nor a protocol method "
+                   f"({', '.join(sorted(PROTOCOL_METHODS))}): mark it with @tool or make it _private")
+    for name in tools:
+        fn = getattr(cls, name)
+        params = [p for p in list(inspect.signature(fn).parameters.values())[1:]
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        for p in params:
+            if p.annotation is inspect.Parameter.empty:
+                out.append(f"tool '{name}': argument '{p.name}' has no type annotation (e.g. '{p.name}: str')")
+        doc = inspect.getdoc(fn) or ""
+        if not doc.strip():
+            out.append(f"tool '{name}': no docstring (Google style: a summary line, then 'Args:' with one "
+                       "line per argument)")
+            continue
+        if params and not re.search(r"^Args:\s*$", doc, re.M):
+            out.append(f"tool '{name}': the docstring has no 'Args:' section (Google style) documenting "
+                       f"{', '.join(p.name for p in params)}")
+            continue
+        args = doc.split("Args:", 1)[1] if params else ""
+        for p in params:
+            if not re.search(rf"^\s+{re.escape(p.name)}\s*(\([^)]*\))?\s*:", args, re.M):
+                out.append(f"tool '{name}': argument '{p.name}' is not documented under Args: "
+                           f"(a line '{p.name}: what it is')")
+    return out
 
 
 def _schema_problems(schemas: list[dict[str, Any]]) -> list[str]:
@@ -45,13 +93,13 @@ def _play(cls: type, spec: ProblemSpec) -> tuple[str, list[str], float, bool, in
     """(task, observations, reward, done, oracle calls, turn budget) of the oracle in a fresh instance."""
     env = cls()
     task = env.reset(spec=spec)
-    calls = env._oracle()
-    budget = int(env._turn_budget())
+    calls = env.oracle()
+    budget = int(env.turn_budget())
     obs = []
     for c in calls:
         if env.done:
             break
-        obs.append(env._execute(c))
+        obs.append(env.execute(c))
     return task, obs, float(env.get_reward()), bool(env.done), len(calls), budget
 
 
@@ -74,11 +122,19 @@ def check_family(family: str, levels: Sequence[int] = (0, 1, 2), seeds: int = 3,
         fail(f"class attribute family = {cls.family!r}, registered as {family!r}")
     if not cls.axes:
         fail("no difficulty axes (class attribute axes)")
-    if not cls.tool_names():
-        fail("no tools (public methods besides reset/get_reward)")
-    schemas = cls.tool_schemas()
+    surface = surface_problems(cls)
+    for p in surface:
+        fail(p)
+    try:
+        schemas = cls.tool_schemas()
+    except Exception as e:  # noqa: BLE001 - transformers' schema builder rejects what it cannot render
+        fail(f"the tool schemas cannot be built: {type(e).__name__}: {e}")
+        schemas = []
     for p in _schema_problems(schemas):
         fail(p)
+    if surface and not cls.tool_names():
+        echo(f"{family}: {len(failures)} problem(s)")
+        return failures
     from apprentice.envs.evolve import directions_of
 
     try:
@@ -129,8 +185,8 @@ def check_family(family: str, levels: Sequence[int] = (0, 1, 2), seeds: int = 3,
             if not 0.0 <= env.get_reward() <= 1.0:
                 fail(f"{where}: reward {env.get_reward()} before any call is outside [0, 1]")
             try:
-                bad = env._execute(ToolCall("__no_such_tool__", {}))
-                wrong = env._execute(ToolCall(cls.tool_names()[0], {"__bogus__": 1}))
+                bad = env.execute(ToolCall("__no_such_tool__", {}))
+                wrong = env.execute(ToolCall(cls.tool_names()[0], {"__bogus__": 1}))
             except Exception as e:  # noqa: BLE001
                 fail(f"{where}: a bad call raised {type(e).__name__} instead of returning an Error observation")
             else:

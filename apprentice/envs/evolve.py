@@ -112,7 +112,7 @@ def abilities_of(spec: ProblemSpec) -> set[str]:
     env = FAMILIES[spec.family]()
     env.reset(spec=spec)
     tags = {f"family:{spec.family}"}
-    tags |= {f"tool:{spec.family}.{c.name}" for c in env._oracle()}
+    tags |= {f"tool:{spec.family}.{c.name}" for c in env.oracle()}
     for name, v in hardness(spec).items():
         if v > 0:
             tags.add(f"{spec.family}:{name}>={v}")
@@ -125,8 +125,8 @@ def solvable(spec: ProblemSpec) -> bool:
     try:
         env = cls()
         env.reset(spec=spec)
-        plan = env._oracle()
-        return bool(plan) and len(plan) <= env._turn_budget() and replay(cls, spec, plan) == 1.0
+        plan = env.oracle()
+        return bool(plan) and len(plan) <= env.turn_budget() and replay(cls, spec, plan) == 1.0
     except (ValueError, RuntimeError, AssertionError):
         return False
 
@@ -225,15 +225,15 @@ def noisy_oracle_episode(spec: ProblemSpec, epsilon: float, rng: random.Random,
     ``env_cls`` overrides the family's class (e.g. a deliberately broken one in flaw experiments)."""
     env = (env_cls or FAMILIES[spec.family])()
     task = env.reset(spec=spec)
-    plan, budget = env._oracle(), env._turn_budget()
+    plan, budget = env.oracle(), env.turn_budget()
     words = _WORD.findall(task)
     turns = slips = i = 0
     while not env.done and turns < budget and i < len(plan):
         if rng.random() < epsilon:
-            env._execute(_random_call(env, rng, words))
+            env.execute(_random_call(env, rng, words))
             slips += 1
         else:
-            env._execute(plan[i])
+            env.execute(plan[i])
             i += 1
         turns += 1
     return {"success": env.get_reward() >= 1.0, "turns": turns, "slips": slips, "plan_len": len(plan)}

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from apprentice.envs import register
 from apprentice.envs._text import clip, words
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 
 Pos = tuple[int, int]
 State = tuple[Pos, int, int]  # position, bitmask of keys held, bitmask of doors opened
@@ -245,7 +245,7 @@ class GridEnv(Environment):
                 "budget_slack": rng.randint(0, 6)}
 
     # ---- episode ------------------------------------------------------------------------------
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         d = {k: int(v) for k, v in spec.difficulty.items()}
         rng = spec.rng()
         board, plan = None, []
@@ -265,11 +265,11 @@ class GridEnv(Environment):
         self._budget = len(plan) + d["budget_slack"] if plan else max(1, d["budget_slack"])
         return f"Grid {board.n}x{board.n}. Reach the goal within {self._budget} actions. {self._view()}"
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return [ToolCall("pick_up", {}) if a == "pick_up" else ToolCall("move", {"direction": a})
                 for a in self._plan]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return self._budget
 
     # ---- observations -------------------------------------------------------------------------
@@ -315,7 +315,8 @@ class GridEnv(Environment):
             return f"{text} Out of actions; the episode is over."
         return f"{text} {self._view()}"
 
-    # ---- tools (the only public methods besides reset/get_reward) -----------------------------
+    # ---- tools (marked @tool: what the agent may call) ----------------------------------------
+    @tool
     def move(self, direction: str) -> str:
         """
         Move one cell on the grid.
@@ -331,6 +332,7 @@ class GridEnv(Environment):
             return self._act(None, f"Error: unknown direction {clip(direction)}; use up, down, left or right.")
         return self._act(d)
 
+    @tool
     def pick_up(self) -> str:
         """
         Pick up the key on your cell.

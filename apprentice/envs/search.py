@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from apprentice.envs import register
 from apprentice.envs._text import clip, norm, words
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 
 PROFESSIONS = ("painter", "baker", "sailor", "scholar", "healer", "smith", "weaver", "miner", "poet",
                "judge", "farmer", "scribe")
@@ -184,7 +184,7 @@ class SearchEnv(Environment):
         return super().sample_difficulty(rng, None)
 
     # ---- episode ------------------------------------------------------------------------------
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         d = {k: int(v) for k, v in spec.difficulty.items()}
         rng = spec.rng()
         world = _world(rng, d["corpus"], d["distractors"])
@@ -208,14 +208,14 @@ class SearchEnv(Environment):
         who = "Who" if rels and ents[path[-1]].kind == "person" else "What"
         return f"Question: {who} is {phrase}? You have {self._budget} actions."
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         if not self._path:
             return []
         return [ToolCall("search", {"query": self._query}),
                 *(ToolCall("open", {"title": t}) for t in self._path),
                 ToolCall("answer", {"text": self._answer})]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return self._budget
 
     def _search(self, query: str) -> list[str]:
@@ -238,7 +238,8 @@ class SearchEnv(Environment):
             return f"{text} Out of actions; the episode is over."
         return text
 
-    # ---- tools (the only public methods besides reset/get_reward) -----------------------------
+    # ---- tools (marked @tool: what the agent may call) ----------------------------------------
+    @tool
     def search(self, query: str) -> str:
         """
         Search the encyclopedia by keywords.
@@ -256,6 +257,7 @@ class SearchEnv(Environment):
         hits = self._search(str(query))
         return self._after(f"Results: {'; '.join(hits)}." if hits else "No results.")
 
+    @tool
     def open(self, title: str) -> str:
         """
         Read the article with this title.
@@ -278,6 +280,7 @@ class SearchEnv(Environment):
             return self._after(f"Error: no article titled {clip(title)}; open a title from search results.")
         return self._after(self._docs[found])
 
+    @tool
     def answer(self, text: str) -> str:
         """
         Give the final answer; this ends the episode.

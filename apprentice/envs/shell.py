@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from apprentice.envs import register
 from apprentice.envs._text import as_text, clip
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 from apprentice.sandbox import Sandbox, SandboxError
 
 SERVICES = ("auth", "billing", "cache", "gateway", "mailer", "search", "storage", "worker")
@@ -259,7 +259,7 @@ class ShellEnv(Environment):
         return super().generate_from(seed, difficulty, generation)
 
     # ---- episode ------------------------------------------------------------------------------
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         self._release()
         d = {k: int(v) for k, v in spec.difficulty.items()}
         rng = spec.rng()
@@ -267,18 +267,18 @@ class ShellEnv(Environment):
         self._subtasks = [_MAKERS[k](rng, d["size"], d["noise"]) for k in kinds]
         self._files = {p: c for t in self._subtasks for p, c in t.files.items()}
         self.failures = []
-        self._budget = len(self._oracle()) + 1 + d["budget_slack"]
+        self._budget = len(self.oracle()) + 1 + d["budget_slack"]
         steps = "\n".join(f"{i + 1}. {t.text}" for i, t in enumerate(self._subtasks))
         listing = " ".join(sorted(self._files))
         return (f"Files in /work: {listing}\nTasks:\n{steps}\nCall submit when done. "
                 f"You have {self._budget} actions.")
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         if not self._subtasks:
             return []
         return [*(c for t in self._subtasks for c in t.oracle), ToolCall("submit", {})]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return self._budget
 
     def _sandbox(self) -> Sandbox:
@@ -351,7 +351,8 @@ class ShellEnv(Environment):
             return f"Error: exit status {r.exit_code}.\n{out}".rstrip()
         return out or "(no output)"
 
-    # ---- tools (the only public methods besides reset/get_reward) -----------------------------
+    # ---- tools (marked @tool: what the agent may call) ----------------------------------------
+    @tool
     def run(self, command: str) -> str:
         """
         Run a shell command in /work (busybox sh); processes do not outlive the command.
@@ -372,6 +373,7 @@ class ShellEnv(Environment):
 
         return self._guard(go)
 
+    @tool
     def read_file(self, path: str) -> str:
         """
         Read a text file.
@@ -392,6 +394,7 @@ class ShellEnv(Environment):
 
         return self._guard(go)
 
+    @tool
     def write_file(self, path: str, content: str) -> str:
         """
         Create or overwrite a text file (parent directories are created).
@@ -418,6 +421,7 @@ class ShellEnv(Environment):
 
         return self._guard(go)
 
+    @tool
     def submit(self) -> str:
         """
         Declare the task done; the final state of /work is checked and the episode ends.

@@ -35,7 +35,7 @@ import sqlite3
 from typing import Any, ClassVar
 
 from apprentice.envs import register
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, replay
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, replay, tool
 
 _ADJ = ["blue", "red", "green", "steel", "oak", "linen", "glass", "black", "white", "copper", "cedar", "wool"]
 _NOUN = {
@@ -237,10 +237,10 @@ class StoreEnv(Environment):
     def oracle_plan(cls, spec: ProblemSpec) -> list[ToolCall]:
         env = cls()
         env.reset(spec=spec)
-        return env._oracle()
+        return env.oracle()
 
     # ---- episode ------------------------------------------------------------------------------
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         d = {k: int(v) for k, v in spec.difficulty.items()}
         self._harness = d["harness"]
         self._db = StoreDB(spec.seed, d["scale"], d["distractors"])
@@ -331,10 +331,10 @@ class StoreEnv(Environment):
         calls.append(ToolCall("place_order", {"customer_id": cid, "product_id": pid, "quantity": qty}))
         return text, calls
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return list(self._plan)
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return len(self._plan) + 3
 
     # ---- observation helpers ------------------------------------------------------------------
@@ -358,6 +358,7 @@ class StoreEnv(Environment):
         return self._db
 
     # ---- look-up tools ------------------------------------------------------------------------
+    @tool
     def find_product(self, query: str) -> str:
         """Find products whose name contains the query.
 
@@ -372,6 +373,7 @@ class StoreEnv(Environment):
             return self._err(f"no product matches '{query}'", "Try a shorter query or list_products(category).")
         return "; ".join(f"#{i} {n} {_money(c)} stock {q}" for i, n, c, q in rows)
 
+    @tool
     def list_products(self, category: str) -> str:
         """List the products of a category with their prices.
 
@@ -385,6 +387,7 @@ class StoreEnv(Environment):
             return self._err(f"no category '{category}'", f"Categories: {', '.join(_NOUN)}.")
         return "; ".join(f"#{i} {n} {_money(c)}" for i, n, c in rows)
 
+    @tool
     def check_stock(self, product_id: int) -> str:
         """Units in stock of a product.
 
@@ -394,6 +397,7 @@ class StoreEnv(Environment):
         row = self._db_or_none().one("SELECT qty FROM stock WHERE product_id=?", _as_int(product_id))
         return self._err(f"no product with id {product_id}") if row is None else f"{row[0]} in stock"
 
+    @tool
     def find_customer(self, query: str) -> str:
         """Find customers whose name or email contains the query.
 
@@ -407,6 +411,7 @@ class StoreEnv(Environment):
             return self._err(f"no customer matches '{query}'", "Try the last name only.")
         return "; ".join(f"#{i} {n} <{e}> {c}" for i, n, e, c in rows)
 
+    @tool
     def get_order(self, order_id: int) -> str:
         """Show one order.
 
@@ -420,6 +425,7 @@ class StoreEnv(Environment):
             return self._err(f"no order with id {order_id}")
         return f"order #{row[0]}: customer #{row[1]} {row[2]}, {row[5]} x #{row[3]} {row[4]}, {row[6]}"
 
+    @tool
     def list_orders(self, customer_id: int) -> str:
         """List a customer's orders.
 
@@ -434,6 +440,7 @@ class StoreEnv(Environment):
         return "; ".join(f"#{i} {q} x {n} {s}" for i, n, q, s in rows)
 
     # ---- write tools --------------------------------------------------------------------------
+    @tool
     def place_order(self, customer_id: int, product_id: int, quantity: int) -> str:
         """Place an order; it takes the units out of stock.
 
@@ -450,6 +457,7 @@ class StoreEnv(Environment):
             return self._err(err, "Restock first or check the ids with the look-up tools.")
         return self._after_write(f"Order #{oid} placed.")
 
+    @tool
     def restock(self, product_id: int, quantity: int) -> str:
         """Add units to a product's stock.
 
@@ -463,6 +471,7 @@ class StoreEnv(Environment):
         err = self._db_or_none().restock(p, q)  # type: ignore[arg-type]
         return self._err(err) if err else self._after_write(f"Stock of #{p} raised by {q}.")
 
+    @tool
     def cancel_order(self, order_id: int) -> str:
         """Cancel an open order; its units go back to stock.
 
@@ -475,6 +484,7 @@ class StoreEnv(Environment):
             self._after_write(f"Order #{o} cancelled.")
 
     # ---- distractor tools: real writes, never needed ------------------------------------------
+    @tool
     def apply_discount(self, order_id: int, percent: int) -> str:
         """Apply a percentage discount to an order.
 
@@ -488,6 +498,7 @@ class StoreEnv(Environment):
         db.con.execute("UPDATE orders SET discount=? WHERE id=?", (max(1, min(50, pc)), o))
         return self._after_write(f"Discount applied to order #{o}.")
 
+    @tool
     def refund_order(self, order_id: int) -> str:
         """Refund an order (marks it refunded).
 
@@ -500,6 +511,7 @@ class StoreEnv(Environment):
         db.con.execute("UPDATE orders SET status='refunded' WHERE id=?", (o,))
         return self._after_write(f"Order #{o} refunded.")
 
+    @tool
     def send_email(self, customer_id: int, message: str) -> str:
         """Send an email to a customer.
 

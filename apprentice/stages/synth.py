@@ -175,7 +175,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         jobs = [jobs[i] for i in keep]
     turns: dict[str, dict[str, list[int]]] = {}  # oracle plan lengths of the problems kept
     for (family, level, _seed), spec in zip(jobs, specs, strict=True):
-        turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec)._oracle()))
+        turns.setdefault(family, {}).setdefault(str(level), []).append(len(env_for(spec).oracle()))
     ids = [s.problem_id for s in specs]
     assert len(set(ids)) == len(ids), "synth: duplicate problem ids; change synth.seed"
     shared = set(ids) & set(held["problem_id"])

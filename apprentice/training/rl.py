@@ -1,7 +1,9 @@
 """Curriculum GRPO on the environment families: TRL ``GRPOTrainer`` with ``environment_factory``.
 
 TRL runs the multi-turn episode itself: one environment instance per rollout, ``reset(**row)`` with
-the dataset row (our ``spec`` column rebuilds the problem), every public method exposed as a tool,
+the dataset row (our ``spec`` column rebuilds the problem), every public method exposed as a tool
+(so TRL gets each family through :func:`apprentice.envs.trl_environment`, a facade whose only public
+methods are ``reset``, ``get_reward`` and the family's ``@tool`` methods),
 ``get_reward()`` as the reward (logged as ``rewards/<EnvClass>/mean``). Several families go in as
 a dict ``{family: class}`` and each row's ``environment`` column routes it, so one run mixes
 families and each prompt shows only its family's tools. No ``rollout_func`` is needed: the
@@ -118,6 +120,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
     from transformers import set_seed
     from trl import GRPOConfig
 
+    from apprentice.envs import trl_environment
     from apprentice.modeling import load_model
 
     t0 = time.time()
@@ -145,7 +148,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
     logged = common.MetricsCallback(metrics, stage)  # after the trim: it continues the kept rows
     trainer = CurriculumGRPOTrainer(
         model=model, reward_funcs=list(reward_funcs) or None, args=args, train_dataset=dataset,
-        processing_class=tokenizer, environment_factory=dict(classes),
+        processing_class=tokenizer, environment_factory={f: trl_environment(c) for f, c in classes.items()},
         callbacks=[logged, *loggers.callbacks(stage, logged), *callbacks],
         rollout_dtype="bf16" if args.bf16 else "fp32",
     )

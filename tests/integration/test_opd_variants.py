@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from apprentice.config import Config
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 from apprentice.training.common import MetricsCallback, read_metrics
 from apprentice.training.opd import VARIANTS
 
@@ -26,12 +26,13 @@ class KeypadEnv(Environment):
     axes: ClassVar[tuple[DifficultyAxis, ...]] = (DifficultyAxis("length", 1, 3),)
     system_prompt: ClassVar[str] = "Press the keys."
 
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         rng = spec.rng()
         self._target = [rng.choice("ab") for _ in range(int(spec.difficulty["length"]))]
         self._pressed: list[str] = []
         return "Press " + " then ".join(self._target) + "."
 
+    @tool
     def press(self, key: str) -> str:
         """
         Press one key.
@@ -45,10 +46,10 @@ class KeypadEnv(Environment):
             self.done, self.reward = True, 1.0
         return "ok"
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return [ToolCall("press", {"key": k}) for k in self._target]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return len(self._target) + 1
 
 

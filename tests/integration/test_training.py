@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from apprentice.config import Config
 from apprentice.envs import FAMILIES
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 from apprentice.paths import Paths
 from apprentice.training.common import METRICS_FILE, read_metrics, work_dir_for
 
@@ -33,16 +33,17 @@ class EchoEnv(Environment):
     axes: ClassVar[tuple[DifficultyAxis, ...]] = (DifficultyAxis("length", 1, 2),)
     system_prompt: ClassVar[str] = "Say the word."
 
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         self.word = spec.rng().choice(["red", "blue", "green", "gold"])
         return f"Word: {self.word}"
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return [ToolCall("say", {"word": self.word})]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return 2
 
+    @tool
     def say(self, word: str) -> str:
         """
         Say a word.

@@ -21,8 +21,8 @@ def test_toytext_oracle_solves_every_level(family):
             spec = cls.generate(seed, level)
             env = cls()
             text = env.reset(spec=spec)
-            plan = env._oracle()
-            assert text and len(plan) <= env._turn_budget()
+            plan = env.oracle()
+            assert text and len(plan) <= env.turn_budget()
             assert replay(cls, spec, plan) == 1.0
 
 
@@ -31,9 +31,9 @@ def test_frozenlake_hole_or_budget_ends_without_reward():
     spec = cls.make_spec(0, {"size": 4, "holes": 0, "budget_slack": 0})
     env = cls()
     env.reset(spec=spec)
-    assert env._execute(ToolCall("act", {"action": "jump"})).startswith("Error")
-    for _ in range(env._turn_budget()):
-        env._execute(ToolCall("act", {"action": "left"}))  # bumping the wall wastes the budget
+    assert env.execute(ToolCall("act", {"action": "jump"})).startswith("Error")
+    for _ in range(env.turn_budget()):
+        env.execute(ToolCall("act", {"action": "left"}))  # bumping the wall wastes the budget
     assert env.done and env.get_reward() == 0.0
 
 
@@ -54,13 +54,13 @@ def test_reasoning_gym_submit_with_retries_and_feedback():
     spec = cls.make_spec(5, {"num_terms": 0, "num_digits": 0, "retries": 1})
     env = cls()
     env.reset(spec=spec)
-    answer = env._oracle()[0].arguments["answer"]
-    assert env._execute(ToolCall("submit", {"answer": "not a number"})) == "Incorrect. Attempts left: 1."
+    answer = env.oracle()[0].arguments["answer"]
+    assert env.execute(ToolCall("submit", {"answer": "not a number"})) == "Incorrect. Attempts left: 1."
     assert not env.done
-    assert env._execute(ToolCall("submit", {"answer": answer})) == "Correct." and env.get_reward() == 1.0
+    assert env.execute(ToolCall("submit", {"answer": answer})) == "Correct." and env.get_reward() == 1.0
     env.reset(spec=spec)
-    env._execute(ToolCall("submit", {"answer": "x"}))
-    assert env._execute(ToolCall("submit", {"answer": "y"})).endswith("No attempts left.") and env.done
+    env.execute(ToolCall("submit", {"answer": "x"}))
+    assert env.execute(ToolCall("submit", {"answer": "y"})).endswith("No attempts left.") and env.done
     assert env.get_reward() == 0.0
 
 
@@ -73,4 +73,4 @@ def test_reasoning_gym_unknown_dataset_says_how_to_fix():
 def _oracle(cls, spec):
     env = cls()
     env.reset(spec=spec)
-    return env._oracle()
+    return env.oracle()

@@ -70,24 +70,25 @@ def test_readme_example_via_entry_point(tmp_path, monkeypatch, families_snapshot
 
 
 def test_check_env_finds_a_broken_family(families_snapshot):
-    from apprentice.envs.base import Environment
+    from apprentice.envs.base import Environment, tool
     from apprentice.envs.check import check_family
 
     class Broken(Environment):  # raises on bad input, returns non-strings, oracle never wins
         family = "broken_test"
         axes = FAMILIES["grid"].axes
 
-        def _build(self, spec):
+        def build(self, spec):
             return "task"
 
-        def _oracle(self):
+        def oracle(self):
             from apprentice.envs.base import ToolCall
 
             return [ToolCall("poke", {"x": 1})]
 
-        def _turn_budget(self):
+        def turn_budget(self):
             return 3
 
+        @tool
         def poke(self, x: int) -> str:
             """Poke.
 
@@ -142,10 +143,15 @@ def test_a_builtin_family_is_its_file_alone(tmp_path):
     shutil.copytree(Path(envs.__file__).parents[1], tmp_path / "apprentice", ignore=shutil.ignore_patterns("__pycache__"))
     pkg = tmp_path / "apprentice" / "envs"
     (pkg / "echo.py").write_text(
-        "from apprentice.envs import register\nfrom apprentice.envs.grid import GridEnv\n\n\n"
-        "@register\nclass EchoEnv(GridEnv):\n    family = 'echo'\n")
+        "from apprentice.envs import register, tool\nfrom apprentice.envs.grid import GridEnv\n\n\n"
+        "@register\nclass EchoEnv(GridEnv):\n    family = 'echo'\n\n"
+        "    @tool\n    def shout(self, text: str) -> str:\n"
+        "        \"\"\"Say it loud.\n\n        Args:\n            text: What to say.\n        \"\"\"\n"
+        "        return text.upper()\n")
     (pkg / "_helper.py").write_text("raise RuntimeError('private modules are not imported')\n")
-    code = "from apprentice.envs import FAMILIES, builtin_modules; print(sorted(FAMILIES), builtin_modules())"
+    code = ("from apprentice.envs import FAMILIES, builtin_modules; from apprentice.envs.check import surface_problems;"
+            "print(sorted(FAMILIES), builtin_modules(), FAMILIES['echo'].tool_names(), surface_problems(FAMILIES['echo']))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=True).stdout
     assert "'echo'" in out.split("]")[0], out
+    assert "['move', 'pick_up', 'shout'] []" in out, out  # its own @tool joins the inherited ones; nothing flagged

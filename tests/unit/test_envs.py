@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from apprentice.envs import FAMILIES, ProblemSpec, ToolCall, replay
+from apprentice.envs import FAMILIES, ProblemSpec, ToolCall, replay, trl_environment
 from apprentice.envs.grid import LEVELS as GRID_LEVELS
 from apprentice.envs.grid import GridEnv
 from apprentice.envs.search import LEVELS as SEARCH_LEVELS
@@ -23,7 +23,7 @@ PER_LEVEL = 30
 def _transcript(cls, spec: ProblemSpec) -> list[str]:
     env = cls()
     out = [env.reset(spec=spec)]
-    out += [env._execute(c) for c in env._oracle()]
+    out += [env.execute(c) for c in env.oracle()]
     return out
 
 
@@ -39,11 +39,15 @@ def test_families_registered():
 
 
 @pytest.mark.parametrize("cls", [GridEnv, SearchEnv])
-def test_public_functions_are_exactly_tools_reset_get_reward(cls):
-    # TRL exposes every public function of the class as a tool (grpo_trainer: getmembers(isfunction))
+def test_public_functions_are_exactly_tools_and_the_protocol(cls):
+    # TRL exposes every public function of the class it gets as a tool (grpo_trainer: getmembers(isfunction)):
+    # it gets the facade, whose public functions are the @tool methods, reset and get_reward
     public = {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
-    assert public == TOOLS[cls] | {"reset", "get_reward"}
+    assert public == TOOLS[cls] | {"reset", "get_reward", "build", "oracle", "turn_budget", "execute"}
     assert set(cls.tool_names()) == TOOLS[cls]
+    facade = trl_environment(cls)
+    assert {n for n, _ in inspect.getmembers(facade, inspect.isfunction) if not n.startswith("_")} == (
+        TOOLS[cls] | {"reset", "get_reward"})
 
 
 @pytest.mark.parametrize("cls", [GridEnv, SearchEnv])
@@ -89,8 +93,8 @@ def test_oracle_solves_every_generated_problem_at_every_level(cls):
             assert dict(spec.difficulty) == LEVELS[cls][level]
             env = cls()
             env.reset(spec=spec)
-            plan = env._oracle()
-            assert 0 < len(plan) <= env._turn_budget()
+            plan = env.oracle()
+            assert 0 < len(plan) <= env.turn_budget()
             assert replay(cls, spec, plan) == 1.0, (level, spec.to_json())
             lengths.append(len(plan))
         assert max(lengths) <= 4 * max(LEVELS[cls][level].get("size", 0), 4)
@@ -121,12 +125,12 @@ def test_grid_observations_are_relative_and_consistent():
     for seed in range(20):
         env, _, first = _fresh(GridEnv, seed, level=0)  # no obstacles, no keys: path = Manhattan distance
         assert "(" not in first and "goal:" in first and "blocked:" in first
-        assert sum(_offsets(first, "goal").values()) == len(env._oracle())
-        for call in env._oracle():
+        assert sum(_offsets(first, "goal").values()) == len(env.oracle())
+        for call in env.oracle():
             before = _offsets(env._view(), "goal")
             d = call.arguments["direction"]
             assert before.get(d, 0) > 0, "the oracle moves along a direction the observation names"
-            env._execute(call)
+            env.execute(call)
 
 
 def test_grid_oracle_is_a_shortest_path():
@@ -145,7 +149,7 @@ def test_grid_oracle_is_a_shortest_path():
                     if 0 <= p[0] < b.n and 0 <= p[1] < b.n and p not in b.walls and p not in dist:
                         dist[p] = dist[(r, c)] + 1
                         queue.append(p)
-            assert len(env._oracle()) == dist[b.goal]
+            assert len(env.oracle()) == dist[b.goal]
 
 
 def _blocked_start(level: int):
@@ -166,7 +170,7 @@ def test_grid_blocked_moves_do_not_move_and_earn_nothing():
 
 def test_grid_budget_exhaustion_ends_episode_with_zero_reward():
     env, wall = _blocked_start(level=2)
-    budget = env._turn_budget()
+    budget = env.turn_budget()
     outs = [env.move(wall) for _ in range(budget - 1)]
     assert not env.done and all("did not move" in o for o in outs)
     outs.append(env.move("sideways"))  # errors cost an action too
@@ -178,7 +182,7 @@ def test_grid_budget_exhaustion_ends_episode_with_zero_reward():
 def test_grid_keys_are_needed_and_pick_up_works():
     env, _, first = _fresh(GridEnv, 9, level=3)  # one key, one door
     assert "key A:" in first and "door A:" in first
-    plan = env._oracle()
+    plan = env.oracle()
     assert ToolCall("pick_up", {}) in plan
     # skipping the pick-up never reaches the goal through the door
     no_key = [c for c in plan if c.name != "pick_up"]
@@ -203,9 +207,9 @@ def test_grid_bad_direction_is_an_error_observation(bad):
 def test_bad_tool_calls_through_execute_never_raise():
     for cls in (GridEnv, SearchEnv):
         env, _, _ = _fresh(cls)
-        assert env._execute(ToolCall("fly", {})).startswith("Error: unknown tool")
+        assert env.execute(ToolCall("fly", {})).startswith("Error: unknown tool")
         name = sorted(TOOLS[cls])[-1]
-        assert env._execute(ToolCall(name, {"nonsense": 1, "more": 2})).startswith("Error: bad arguments")
+        assert env.execute(ToolCall(name, {"nonsense": 1, "more": 2})).startswith("Error: bad arguments")
 
 
 def test_env_instances_are_reusable_across_resets():
@@ -216,8 +220,8 @@ def test_env_instances_are_reusable_across_resets():
             spec = cls.generate(seed, 1)
             env.reset(spec=spec.to_json(), prompt=[{"role": "user", "content": "x"}])  # a TRL-style row
             assert env.turns == 0 and not env.done and env.get_reward() == 0.0
-            for c in env._oracle():
-                env._execute(c)
+            for c in env.oracle():
+                env.execute(c)
             assert env.get_reward() == 1.0
 
 
@@ -251,14 +255,14 @@ def test_search_ranks_the_described_person_first_and_open_is_forgiving():
         top = hits[0]
         assert env._docs[top].startswith(f"{top} is a {prof}. Home city: {home}.")  # the one matching both
         assert not any(env._docs[h].startswith(f"{h} is a {prof}. Home city: {home}.") for h in hits[1:])
-        assert top == env._oracle()[1].arguments["title"]
+        assert top == env.oracle()[1].arguments["title"]
         assert env.open(f" '{top.lower()}'. ") == env._docs[top]
         assert env.open(top.split()[0]) == env._docs[top]  # unique word of the title
 
 
 def test_search_bad_arguments_are_error_observations():
     env, _, _ = _fresh(SearchEnv, 2, level=3)
-    assert env._turn_budget() > 6
+    assert env.turn_budget() > 6
     assert env.search("").startswith("Error:")
     assert env.search(None).startswith("Error:")
     assert env.search("the of").startswith("Error:")
@@ -270,7 +274,7 @@ def test_search_bad_arguments_are_error_observations():
 
 def test_search_budget_exhaustion_ends_episode():
     env, _, _ = _fresh(SearchEnv, 2, level=0)
-    for _ in range(env._turn_budget()):
+    for _ in range(env.turn_budget()):
         out = env.search("painter")
     assert env.done and env.get_reward() == 0.0 and "Out of actions" in out
     assert env.answer(env._answer) == "The episode is over." and env.get_reward() == 0.0
@@ -294,8 +298,8 @@ for cls, level in ((GridEnv, 5), (SearchEnv, 4)):
         env = env_for(spec)
         h.update(spec.to_json().encode() + env.reset(spec=spec).encode())
         h.update(repr(getattr(env, "_docs", "")).encode())
-        for c in env._oracle():
-            h.update(env._execute(c).encode())
+        for c in env.oracle():
+            h.update(env.execute(c).encode())
 print(h.hexdigest())
 """
 

@@ -30,12 +30,12 @@ def _oracle_rows(problems: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for spec, lv in zip(specs_of(problems), problems["level"], strict=True):
         env = env_for(spec)
-        task = env._build(spec)
+        task = env.build(spec)
         env.reset(spec=spec)
         msgs = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": task}]
-        for call in env._oracle():
+        for call in env.oracle():
             msgs.append({"role": "assistant", "content": "", "tool_calls": [call.as_message_call()]})
-            msgs.append({"role": "tool", "name": call.name, "content": env._execute(call)})
+            msgs.append({"role": "tool", "name": call.name, "content": env.execute(call)})
         rows.append(Trajectory(spec.problem_id, spec.family, spec.to_json(), json.dumps(dict(spec.difficulty)),
                                int(lv), "oracle", 0, msgs, type(env).tool_schemas(), env.get_reward(),
                                env.get_reward() >= 1.0, len(msgs) // 2, False))

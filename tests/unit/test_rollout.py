@@ -8,7 +8,7 @@ import os
 import pandas as pd
 import pytest
 
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 from apprentice.policies.base import Turn
 from apprentice.rollout import run_episodes
 from apprentice.trajectories import (
@@ -28,22 +28,24 @@ class CounterEnv(Environment):
     axes = (DifficultyAxis("steps", 1, 6),)
     system_prompt = "Count up to the target, then submit."
 
-    def _build(self, spec: ProblemSpec) -> str:
+    def build(self, spec: ProblemSpec) -> str:
         self.target = int(spec.difficulty["steps"])
         self.count = 0
         return f"Reach {self.target}."
 
-    def _oracle(self) -> list[ToolCall]:
+    def oracle(self) -> list[ToolCall]:
         return [ToolCall("inc", {})] * self.target + [ToolCall("submit", {})]
 
-    def _turn_budget(self) -> int:
+    def turn_budget(self) -> int:
         return self.target + 2
 
+    @tool
     def inc(self) -> str:
         """Add one to the counter."""
         self.count += 1
         return f"count={self.count}"
 
+    @tool
     def jump(self, by: int) -> str:
         """Add ``by`` to the counter.
 
@@ -55,6 +57,7 @@ class CounterEnv(Environment):
         self.count += by
         return f"count={self.count}"
 
+    @tool
     def submit(self) -> str:
         """Finish the episode."""
         self.done = True

@@ -26,7 +26,8 @@ def _spec(seed: int, level: int) -> ProblemSpec:
 def test_shell_is_registered_with_exactly_its_tools():
     assert FAMILIES["shell"] is ShellEnv
     public = {n for n, _ in inspect.getmembers(ShellEnv, inspect.isfunction) if not n.startswith("_")}
-    assert public == TOOLS | {"reset", "get_reward"}
+    assert public == TOOLS | {"reset", "get_reward", "build", "oracle", "turn_budget", "execute"}
+    assert set(ShellEnv.tool_names()) == TOOLS  # the @tool methods (TRL sees only these, via trl_environment)
     schemas = {s["function"]["name"]: s["function"] for s in ShellEnv.tool_schemas()}
     assert set(schemas) == TOOLS
     assert set(schemas["write_file"]["parameters"]["required"]) == {"path", "content"}
@@ -36,9 +37,9 @@ def test_shell_task_and_oracle_are_reproducible_without_starting_a_container():
     a, b = ShellEnv(), ShellEnv()
     spec = _spec(5, 4)
     assert a.reset(spec=spec) == b.reset(spec=ProblemSpec.from_json(spec.to_json()))
-    assert a._oracle() == b._oracle() and a._oracle()[-1] == ToolCall("submit", {})
+    assert a.oracle() == b.oracle() and a.oracle()[-1] == ToolCall("submit", {})
     assert a._box is None  # reset never starts a container
-    assert a._turn_budget() == len(a._oracle()) + 1 + LEVELS[4]["budget_slack"]
+    assert a.turn_budget() == len(a.oracle()) + 1 + LEVELS[4]["budget_slack"]
     assert a.reset(spec=_spec(6, 4)) != b.reset(spec=spec)
     with pytest.raises(ValueError, match="outside"):
         ShellEnv.make_spec(1, {**LEVELS[0], "tasks": 4})
@@ -59,7 +60,7 @@ def test_shell_oracle_solves_every_level_through_the_sandbox(level):
     assert dict(spec.difficulty) == LEVELS[level]
     env = ShellEnv()
     env.reset(spec=spec)
-    assert replay(ShellEnv, spec, env._oracle()) == 1.0
+    assert replay(ShellEnv, spec, env.oracle()) == 1.0
 
 
 @needs_engine
@@ -75,14 +76,14 @@ def test_shell_verifier_rejects_wrong_and_hardcoded_answers():
 
     # the fix subtask: printing the right number without repairing the script fails on fresh data
     env.reset(spec=spec)
-    plan = env._oracle()
+    plan = env.oracle()
     for c in plan[:-1]:
         if c.name == "write_file":
             c = ToolCall("write_file", {"path": "scripts/total.sh", "content": "echo $(cat total.txt)"})
-            env._execute(ToolCall("run", {"command": "awk '{s+=$2} END {print s}' data/sales.txt > total.txt"}))
+            env.execute(ToolCall("run", {"command": "awk '{s+=$2} END {print s}' data/sales.txt > total.txt"}))
         elif "total.sh" in c.arguments.get("command", ""):
             continue
-        env._execute(c)
+        env.execute(c)
     env.submit()
     assert env.get_reward() == 0.0 and env.failures == ["fix: scripts/total.sh is still wrong"]
 
@@ -97,7 +98,7 @@ def test_shell_abuse_is_an_error_observation_and_the_episode_goes_on():
     assert env.run("wget -q -T 2 -O- http://example.com").startswith("Error")
     assert env.read_file("").startswith("Error: empty path") and not env.done
     assert env.turns == 5 and env.run("echo still here") == "still here"
-    assert env.run("echo last").startswith("last\nOut of actions") and env.turns == env._turn_budget() == 7
+    assert env.run("echo last").startswith("last\nOut of actions") and env.turns == env.turn_budget() == 7
     assert env.done and env.get_reward() == 0.0  # that was the last action: verified and over
 
 

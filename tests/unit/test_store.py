@@ -29,14 +29,14 @@ def test_oracle_solves_every_generated_problem_at_every_level():
         assert replay(StoreEnv, spec, plan) == 1.0, spec
         env = StoreEnv()
         env.reset(spec=spec)
-        assert len(plan) <= env._turn_budget()
+        assert len(plan) <= env.turn_budget()
 
 
 def test_same_spec_same_episode_bytes():
     spec = StoreEnv.generate(3, 2)
     a, b = StoreEnv(), StoreEnv()
     assert a.reset(spec=spec.to_json()) == b.reset(spec=ProblemSpec.from_json(spec.to_json()))
-    assert a._oracle() == b._oracle()
+    assert a.oracle() == b.oracle()
 
 
 def test_wrong_final_states_fail():
@@ -64,11 +64,11 @@ def test_repaired_mistake_still_passes():
     spec = StoreEnv.generate(11, 1)
     env = StoreEnv()
     env.reset(spec=spec)
-    out = env._execute(ToolCall("place_order", {"customer_id": 1, "product_id": 1, "quantity": 1}))
+    out = env.execute(ToolCall("place_order", {"customer_id": 1, "product_id": 1, "quantity": 1}))
     oid = int(out.split("#")[1].split()[0])
-    env._execute(ToolCall("cancel_order", {"order_id": oid}))
-    for c in env._oracle():
-        env._execute(c)
+    env.execute(ToolCall("cancel_order", {"order_id": oid}))
+    for c in env.oracle():
+        env.execute(c)
     assert env.get_reward() == 1.0
 
 
@@ -83,7 +83,7 @@ def test_bad_input_is_an_observation_not_an_exception():
         ToolCall("nope", {}),
         ToolCall("restock", {"product_id": 1}),
     ]:
-        assert env._execute(call).startswith("Error")
+        assert env.execute(call).startswith("Error")
     assert env.get_reward() == 0.0
 
 
@@ -95,7 +95,7 @@ def test_harness_changes_help_not_problem():
     terse = StoreEnv()
     t2 = terse.reset(spec=dataclasses.replace(spec, difficulty={**d, "harness": 2}))
     assert "Plan:" in t0 and "Plan:" not in t2
-    assert terse._execute(ToolCall("cancel_order", {"order_id": 999})) == "Error."
+    assert terse.execute(ToolCall("cancel_order", {"order_id": 999})) == "Error."
 
 
 @pytest.mark.parametrize("scale", [0, 1, 2])

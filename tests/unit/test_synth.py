@@ -92,7 +92,7 @@ def test_specs_rebuild_solvable_episodes_at_their_level(first_run):
         assert dict(spec.difficulty) == cls.sample_difficulty(None, level)
         env = cls()
         env.reset(spec=spec)
-        assert replay(cls, spec, env._oracle()) == 1.0
+        assert replay(cls, spec, env.oracle()) == 1.0
 
 
 def test_same_config_gives_byte_identical_files(first_run, tmp_path):

@@ -125,7 +125,7 @@ def oracle_context(spec: ProblemSpec, env_factory: Callable[[ProblemSpec], Envir
     """The privileged context the engine gave the episode (recomputed: it never enters trajectories)."""
     env = env_factory(spec) if env_factory else FAMILIES[spec.family]()
     env.reset(spec=spec)
-    return {"oracle_plan": [{"name": c.name, "arguments": dict(c.arguments)} for c in env._oracle()]}
+    return {"oracle_plan": [{"name": c.name, "arguments": dict(c.arguments)} for c in env.oracle()]}
 
 
 @dataclass
