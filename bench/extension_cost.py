@@ -8,7 +8,7 @@ ones, and separately the ones a generator rewrote (``dvc.yaml``). The numbers *b
 registry came from the same examples on scratch branches at the pre-registry code (``scratch-before-a``,
 ``-b``, ``-c``): a stage touched 6 hand-written files, a family 2, a variant 3 (config, variants, params).
 
-    python bench/extension_cost.py            # on HEAD; ~1 min (the CLI and Prefect imports dominate)
+    python bench/extension_cost.py            # on HEAD; ~20 s (the CLI and Prefect imports dominate)
 
 Why by hand: no library measures "files touched to add X"; it is ``git status`` on a scratch worktree.
 """

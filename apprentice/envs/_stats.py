@@ -12,9 +12,10 @@ import sys
 from typing import Any
 
 from apprentice.envs import FAMILIES, grid, search
+from apprentice.paths import DEFAULT_BASE
 
 
-def measure(n: int = 30, tokenizer_dir: str = "models/base") -> list[dict[str, Any]]:
+def measure(n: int = 30, tokenizer_dir: str = DEFAULT_BASE) -> list[dict[str, Any]]:
     from transformers import AutoTokenizer
 
     tok: Any = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -54,7 +55,7 @@ def measure(n: int = 30, tokenizer_dir: str = "models/base") -> list[dict[str, A
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    for r in measure(int(args[0]) if args else 30, args[1] if len(args) > 1 else "models/base"):
+    for r in measure(int(args[0]) if args else 30, args[1] if len(args) > 1 else DEFAULT_BASE):
         print(f"{r['family']:6s} L{r['level']} turns {r['turns_mean']:4.1f} (max {r['turns_max']:2d}) | "
               f"tokens/episode {r['tokens_mean']:5.0f} (max {r['tokens_max']:4d}) | after the prompt "
               f"{r['completion_tokens_mean']:5.0f} | per observation {r['obs_tokens_mean']:4.1f}")
