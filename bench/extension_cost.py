@@ -6,7 +6,8 @@ temporary git worktree, writes the throwaway example the way the README says to,
 ``check-env``; the variant's knob reaches its recipe), and prints the files it touched: hand-written
 ones, and separately the ones a generator rewrote (``dvc.yaml``). The numbers *before* the stage
 registry came from the same examples on scratch branches at the pre-registry code (``scratch-before-a``,
-``-b``, ``-c``): a stage touched 6 hand-written files, a family 2, a variant 3 (config, variants, params).
+``-b``, ``-c``): a stage touched 6 hand-written files, a family 2, a variant 2 (config, variants; the branch also
+wrote the knob's default into params.yaml, which is optional: the config class holds the default).
 
     python bench/extension_cost.py            # on HEAD; ~20 s (the CLI and Prefect imports dominate)
 
