@@ -83,6 +83,16 @@ def test_synthesis_fingerprints_exactly_the_settings_a_sampler_reads():
     assert set(CurriculumConfig.model_fields) - set(SAMPLER_SETTINGS) == {"sampler", "advance_threshold", "evolve"}
 
 
+def test_dvc_tracks_the_sampler_settings_synthesis_reads():
+    """The registry (pandas-free, so it does not import the package) names synth's sampler keys itself;
+    they must be the ones synthesis fingerprints, or DVC would miss a change that reselects problems."""
+    from apprentice import pipeline
+    from apprentice.curriculum import SAMPLER_SETTINGS
+
+    keys = {k.removeprefix("curriculum.") for k in pipeline.get("synth").params if k.startswith("curriculum.")}
+    assert keys == set(SAMPLER_SETTINGS)
+
+
 def test_callers_import_the_curriculum_only_through_its_package():
     """One entry point per decision: outside ``apprentice/curriculum/`` no module names a submodule of
     the package (``apprentice.curriculum.filter`` ...), nor the two modules it replaced."""
