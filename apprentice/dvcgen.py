@@ -246,7 +246,7 @@ def _matrix(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
     or file stem and as the ``--policy`` argument, replaced by ``${item.policy}``. Every model's
     expansion is then checked against the spec the registry gives for it, so a path that does not
     follow the ``<folder>/<model>[.ext]`` shape fails here, at generation, instead of in DVC."""
-    first, *_ = per_model
+    first = next(iter(per_model))
     item = "${item." + MATRIX_KEY + "}"
     pattern = re.compile(rf"(?<![\w.-]){re.escape(first)}(?=$|\s|/|\.[a-z]+$)")
 

@@ -34,7 +34,20 @@ from apprentice.envs.base import (
 FAMILIES: dict[str, type[Environment]] = {}
 
 
+#: The protocol's names before tools were marked explicitly (a family written then defines these).
+_OLD_PROTOCOL = {"_build": "build", "_oracle": "oracle", "_turn_budget": "turn_budget", "_execute": "execute"}
+
+
 def register(cls: type[Environment]) -> type[Environment]:
+    """Add ``cls`` to :data:`FAMILIES`. A family without a ``@tool`` is refused here: it would register
+    fine and then fail every episode with "unknown tool" (the usual cause: a family written before tools
+    were marked, whose tools are plain public methods and whose protocol is underscored)."""
+    old = [f"{o} -> {n}" for o, n in _OLD_PROTOCOL.items() if o in vars(cls)]
+    if old or not cls.tool_names():
+        fix = f"rename {', '.join(old)}; " if old else ""
+        raise TypeError(f"environment family '{cls.family}' ({cls.__module__}.{cls.__qualname__}) has no tools: "
+                        f"{fix}mark each method the agent may call with @tool (from apprentice.envs import tool); "
+                        f"`python -m apprentice check-env {cls.family}` lists what else is missing")
     FAMILIES[cls.family] = cls
     return cls
 

@@ -104,6 +104,35 @@ def test_check_env_finds_a_broken_family(families_snapshot):
     assert any("generate raised RuntimeError" in f for f in found)
 
 
+def test_register_refuses_a_family_without_tools_and_names_the_old_protocol(families_snapshot):
+    """A family written before tools were marked (plain public tools, underscored protocol) would
+    register and then fail every episode with "unknown tool": register refuses it, saying what to rename."""
+    from apprentice.envs import register
+    from apprentice.envs.base import Environment
+
+    class Legacy(Environment):
+        family = "legacy_test"
+        axes = FAMILIES["grid"].axes
+
+        def _build(self, spec):
+            return "task"
+
+        def _oracle(self):
+            return []
+
+        def poke(self, x: int) -> str:
+            """Poke.
+
+            Args:
+                x: Where.
+            """
+            return "poked"
+
+    with pytest.raises(TypeError, match=r"no tools: rename _build -> build, _oracle -> oracle; mark each method"):
+        register(Legacy)
+    assert "legacy_test" not in FAMILIES
+
+
 def test_adapter_families_are_selectable_in_synth(tmp_path, families_snapshot):
     cfg = Config.model_validate({"synth": {"families": ["grid", "toytext_frozenlake", "rg_basic_arithmetic"],
                                            "n_train": 3, "levels": [0]}, "benchmark": {"n": 3}})
