@@ -42,6 +42,11 @@ class Paths:
         return self.data / "problems.parquet"
 
     @property
+    def synth_manifest(self) -> Path:
+        """synth's resume manifest: the fingerprint its outputs are a function of (written last)."""
+        return self.data / "synth.json"
+
+    @property
     def benchmark_dir(self) -> Path:
         """The fixed benchmark: synthesized once, the same in every iteration (not under ``iter_k``)."""
         return self.root / "data" / "benchmark"
@@ -88,6 +93,19 @@ class Paths:
         """Environment evolution's generations (``gen_g.parquet``)."""
         return self.data / "evolve"
 
+    def evolve_generation(self, g: int) -> Path:
+        """Generation ``g`` of environment evolution (0 = the seed generation)."""
+        return self.evolve_dir / f"gen_{g}.parquet"
+
+    def evolve_generations(self) -> list[Path]:
+        """The generations written so far, in order (``gen_0``, ``gen_1``, ...; not ``gen_10`` before ``gen_2``)."""
+        return sorted(self.evolve_dir.glob("gen_*.parquet"), key=lambda f: int(f.stem.removeprefix("gen_")))
+
+    @property
+    def evolve_reference(self) -> Path:
+        """The reference policy's episodes on every generation."""
+        return self.evolve_dir / "reference.parquet"
+
     @property
     def evolve_record(self) -> Path:
         """Environment evolution's summary (DVC metrics)."""
@@ -114,6 +132,11 @@ class Paths:
     def student_model(self) -> Path:
         return self.models / "student"
 
+    @property
+    def student_record(self) -> Path:
+        """How the student was made (its layers, parameter ratio, the teacher): inside its model folder."""
+        return self.student_model / "student.json"
+
     def model_dir(self, policy: str) -> Path:
         """The folder of a model this iteration trains: ``sft``, ``rl`` or ``student``."""
         return {"sft": self.sft_model, "rl": self.rl_model, "student": self.student_model}[policy]
@@ -127,10 +150,17 @@ class Paths:
         """Where ``evaluate --policy policy`` writes: the base model once for all iterations, the rest per iteration."""
         return self.benchmark_eval_dir if policy == "base" else self.eval_dir
 
+    def eval_episodes(self, policy: str) -> Path:
+        """``evaluate --policy policy``'s per-episode rows on the benchmark."""
+        return self.eval_dir_for(policy) / f"{policy}.parquet"
+
+    def eval_metrics(self, policy: str) -> Path:
+        """``evaluate --policy policy``'s metrics JSON (DVC metrics)."""
+        return self.eval_dir_for(policy) / f"{policy}.json"
+
     def eval_outputs(self, policy: str) -> list[Path]:
         """The files ``evaluate --policy policy`` writes: per-episode rows and the metrics JSON."""
-        d = self.eval_dir_for(policy)
-        return [d / f"{policy}.parquet", d / f"{policy}.json"]
+        return [self.eval_episodes(policy), self.eval_metrics(policy)]
 
     @property
     def promotion(self) -> Path:

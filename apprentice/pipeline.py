@@ -237,7 +237,7 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/stages/rollout.py", "apprentice/evaluation.py", "apprentice/rollout.py",
                 "apprentice/policies", "apprentice/envs", "apprentice/templates"),
           io=_evaluate, models=EVAL_POLICIES, model_io=_evaluate_model, retries=ROLLOUT_RETRIES, builds_envs=True,
-          results=lambda p: [p.eval_dir_for(m) / f"{m}.json" for m in EVAL_POLICIES]),
+          results=lambda p: [p.eval_metrics(m) for m in EVAL_POLICIES]),
     Stage("promote", "apprentice.stages.promote", params=("promote", "model.base"),
           code=("apprentice/lineage.py", "apprentice/evaluation.py", "apprentice/gates.py"), io=_promote,
           results=lambda p: [p.promotion], tags=("champion.",), artifacts=lambda p: [p.promotion]),

@@ -107,12 +107,12 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
     if d.max_steps > 0:
         result.update(train_distill(student_model, teacher, tok, rows, paths.student_model, d, dtype=cfg.model.dtype,
                                     stamp=stamp, callbacks=callbacks or [], apprentice_cfg=cfg,
-                                    extra_files={"student.json": json.dumps(info, indent=2)}))
+                                    extra_files={paths.student_record.name: json.dumps(info, indent=2)}))
     else:  # warm start only (e.g. to compare against SFT-only students)
         from apprentice.modeling import save_model
 
         save_model(student_model, tok, paths.student_model)
-        (paths.student_model / "student.json").write_text(json.dumps(info, indent=2))
+        paths.student_record.write_text(json.dumps(info, indent=2))
         if metrics.exists():
             common.split_timings(metrics, paths.student_model / common.METRICS_FILE,
                                  common.timings_path(paths.student_model))

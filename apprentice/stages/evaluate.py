@@ -53,8 +53,10 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         default = cfg.rollout.teacher.model_copy(update={"temperature": ec.temperature,
                                                          "max_new_tokens": ec.max_new_tokens})
     name, pol_cfg = resolve_policy(choice, default, cfg, paths)
-    out_dir = Path(out) if out else paths.eval_dir_for(name)
-    pq, js = out_dir / f"{name}.parquet", out_dir / f"{name}.json"
+    pq, js = paths.eval_outputs(name)
+    if out:  # the same file names in a folder of the caller's
+        pq, js = Path(out) / pq.name, Path(out) / js.name
+    out_dir = pq.parent
     fp = fingerprint(problems, pol_cfg, cfg, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors)
 
     df = existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -43,19 +42,11 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
     return wilson_interval(k, n)
 
 
-def out_dir(paths: Paths) -> Path:
-    return paths.evolve_dir
-
-
-def summary_file(paths: Paths) -> Path:
-    return paths.evolve_record
-
-
 def _gen0(cfg: Config, paths: Paths) -> list:
     ev = cfg.curriculum.evolve
     prev = paths.previous()
     if prev is not None:
-        last = out_dir(prev) / f"gen_{ev.generations}.parquet"
+        last = prev.evolve_generation(ev.generations)
         if last.exists():
             return [s.__class__(s.family, s.seed, s.difficulty, 0, {**s.extra, "from_iter": prev.iteration})
                     for s in specs_of(read_parquet(last))]
@@ -99,21 +90,20 @@ def summarize(ref: pd.DataFrame) -> dict[str, Any]:
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     ev = cfg.curriculum.evolve
-    out = out_dir(paths)
     settings = ev.model_dump()
-    summary_path = summary_file(paths)
+    summary_path = paths.evolve_record
     if summary_path.exists():
         done = json.loads(summary_path.read_text())
         if done.get("settings") == settings:
             return done
     gens: list[tuple[list[Any], list[Any]]] = []
-    g0 = out / "gen_0.parquet"
+    g0 = paths.evolve_generation(0)
     specs = specs_of(read_parquet(g0)) if g0.exists() else _gen0(cfg, paths)
     if not g0.exists():
         write_parquet(problems_frame(specs, [0] * len(specs), "gen_0"), g0)
     gens.append((specs, [None] * len(specs)))
     for g in tqdm(range(ev.generations), desc="evolve", unit="gen"):
-        path = out / f"gen_{g + 1}.parquet"
+        path = paths.evolve_generation(g + 1)
         if path.exists():
             nxt = specs_of(read_parquet(path))
             ops = [s.extra.get("operator") for s in nxt]
@@ -124,8 +114,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         gens.append((nxt, ops))
     ref = pd.concat([measure(s, g, o, ev.reference_epsilon, ev.reference_samples, ev.seed)
                      for g, (s, o) in enumerate(gens)], ignore_index=True)
-    write_parquet(ref, out / "reference.parquet")
-    result = {"settings": settings, "out": str(out), **summarize(ref)}
+    write_parquet(ref, paths.evolve_reference)
+    result = {"settings": settings, "out": str(paths.evolve_dir), **summarize(ref)}
     with atomic_path(summary_path) as tmp:
         tmp.write_text(json.dumps(result, indent=2))
     return result

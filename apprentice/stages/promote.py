@@ -63,7 +63,7 @@ def decide(challenger: pd.DataFrame | None, champion: pd.DataFrame | None, alpha
 
 def _base_results(paths: Paths) -> pd.DataFrame:
     """The base model's benchmark episodes: the incumbent while the registry has no champion."""
-    table = paths.eval_outputs("base")[0]
+    table = paths.eval_episodes("base")
     if not table.is_file():
         raise FileNotFoundError(f"an empty registry's candidate competes with the base model, but {table} does not "
                                 "exist; run `python -m apprentice evaluate --policy base` first (dvc repro does)")
@@ -180,7 +180,7 @@ def _champion_results(champ: dict[str, Any], challenger: pd.DataFrame, cfg: Conf
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     pc = cfg.promote
     cand = pc.candidate
-    table = paths.eval_dir / f"{cand}.parquet"
+    table = paths.eval_episodes(cand)
     challenger = read_parquet(table)
     eval_ids = sorted(read_parquet(paths.eval_problems)["problem_id"].astype(str).unique())
     check_coverage(challenger, eval_ids, f"challenger table {table}", cand)

@@ -78,7 +78,7 @@ _ORDER = ("sft", "rl", "student")
 
 def benchmark_table(paths: Paths) -> str:
     """Every model of iterations 1..k on the benchmark: base once, then each iteration's models in order."""
-    files = [("base", f) for f in [paths.eval_outputs("base")[1]] if f.exists()]
+    files = [("base", f) for f in [paths.eval_metrics("base")] if f.exists()]
     for j in range(1, paths.iteration + 1):
         d = Paths(paths.root, j).eval_dir
         known = sorted(eval_jsons(d), key=lambda f: (_ORDER.index(f.stem) if f.stem in _ORDER else 9, f.stem))
@@ -89,8 +89,8 @@ def benchmark_table(paths: Paths) -> str:
 def episodes_of(entry: dict[str, Any], paths: Paths) -> Path:
     """The benchmark episodes of a promotion record's ``champion`` entry."""
     if entry.get("kind") == "base":
-        return paths.eval_outputs("base")[0]
-    return Paths(paths.root, int(entry["iteration"])).eval_dir / f"{entry['kind']}.parquet"
+        return paths.eval_episodes("base")
+    return Paths(paths.root, int(entry["iteration"])).eval_episodes(entry["kind"])
 
 
 def model_comparisons(paths: Paths) -> str:
@@ -101,15 +101,15 @@ def model_comparisons(paths: Paths) -> str:
 
     lines = []
     for j in range(1, paths.iteration + 1):
-        d = Paths(paths.root, j).eval_dir
-        tables = {m: read_parquet(d / f"{m}.parquet") for m in ("sft", "rl", "student") if (d / f"{m}.parquet").exists()}
+        pj = Paths(paths.root, j)
+        tables = {m: read_parquet(pj.eval_episodes(m)) for m in ("sft", "rl", "student") if pj.eval_episodes(m).exists()}
         if "rl" in tables and "sft" in tables:
             t = paired_test(tables["rl"], tables["sft"])
             lines.append(f"iter {j} rl vs sft: {t['success_rate_a']:.3f} vs {t['success_rate_b']:.3f}; only rl "
                          f"{t['a_only']}, only sft {t['b_only']}; exact McNemar p = {t['p_value']:.4g}")
         if "student" in tables and "rl" in tables:
             r = success_ratio(tables["student"], tables["rl"])
-            info = Paths(paths.root, j).student_model / "student.json"
+            info = Paths(paths.root, j).student_record
             params = json.loads(info.read_text()).get("param_ratio") if info.exists() else None
             lines.append(f"iter {j} student / teacher (rl) success: {r['ratio']:.2f} [{r['ci_low']:.2f}, "
                          f"{r['ci_high']:.2f}] ({r['method']}); student params "

@@ -22,7 +22,6 @@ import pandas as pd
 from apprentice.config import Config
 from apprentice.paths import Paths, atomic_path
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
-from apprentice.stages.evolve import out_dir
 
 CURRICULUM_FILE = "curriculum.json"
 
@@ -61,9 +60,9 @@ def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
         return None
     from apprentice.trajectories import read_parquet
 
-    files = sorted(out_dir(paths).glob("gen_*.parquet"), key=lambda f: int(f.stem.split("_")[1]))
+    files = paths.evolve_generations()
     if not files:
-        raise FileNotFoundError(f"curriculum.evolve.feed > 0 but {out_dir(paths)} holds no generations; run "
+        raise FileNotFoundError(f"curriculum.evolve.feed > 0 but {paths.evolve_dir} holds no generations; run "
                                 f"`python -m apprentice evolve --iter {paths.iteration}` first (or set feed: 0)")
     return [read_parquet(f) for f in files]
 
@@ -115,7 +114,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
                                 "curriculum": cfg.curriculum.model_dump(),
                                 "probe": [cfg.evaluate.max_new_tokens, cfg.evaluate.batch_size,
                                           cfg.evaluate.max_format_errors]},
-                               [paths.problems, paths.sft_model, *([] if generations is None else [out_dir(paths)])])
+                               [paths.problems, paths.sft_model, *([] if generations is None else [paths.evolve_dir])])
     if common.is_done(paths.rl_model, stamp):
         return {"model": str(paths.rl_model), "skipped": True, "reason": "outputs up to date"}
     if cfg.rl.max_steps == 0:

@@ -49,7 +49,7 @@ def _sha256(path: Path) -> str:
 
 
 def manifest_path(paths: Paths) -> Path:
-    return paths.data / "synth.json"
+    return paths.synth_manifest
 
 
 def fingerprint(cfg: Config, paths: Paths) -> str:
@@ -91,7 +91,7 @@ def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
     if prev is None:
         return None
     for name in dict.fromkeys([cfg.promote.candidate, "rl", "sft", "student"]):
-        if (f := prev.eval_dir / f"{name}.parquet").exists():
+        if (f := prev.eval_episodes(name)).exists():
             return f
     return None
 

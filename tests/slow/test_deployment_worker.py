@@ -36,11 +36,10 @@ def test_second_trigger_waits_for_the_running_one(deployed):
 
 def test_prefect_ui_shows_the_completed_run(deployed):
     """Where `make serve` sends people: the flow run page, with one task run per stage."""
-    from uitools import chromium, screenshot, wait_for
+    from uitools import chromium, screenshot, wait_for_all
 
     ui = deployed["api"].removesuffix("/api")
     with chromium() as d:
         d.get(f"{ui}/runs/flow-run/{deployed['first'].id}")
-        text = wait_for(d, lambda t: "Completed" in t and deployed["first"].name in t, "the completed flow run")
-        assert "self-improve" in text
+        wait_for_all(d, ["Completed", deployed["first"].name, "self-improve"], "the completed flow run")
         screenshot(d, "prefect_flow_run")

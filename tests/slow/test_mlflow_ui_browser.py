@@ -7,7 +7,7 @@ version's link back to the run that registered it. Screenshots: ``$APPRENTICE_SC
 from __future__ import annotations
 
 import pytest
-from uitools import chromium, screenshot, slow_only, wait_for
+from uitools import chromium, screenshot, slow_only, wait_for, wait_for_all
 
 pytestmark = slow_only()
 
@@ -43,11 +43,10 @@ def test_runs_page_shows_iterations_with_nested_stage_runs(mlflow_ui, store):
         _close_assistant(d)
         for b in d.find_elements("css selector", ".ag-row [col-id*='Run Name'] button"):  # expand each parent
             b.click()
-        text = wait_for(d, lambda t: "promote-2" in t, "the nested stage runs")
-        for stage in ("prepare-base", "synth-1", "validate-1", "sft-1", "rl-1", "distill-1", "evaluate-1",
-                      "promote-1", "report-1", "sft-2", "report-2"):
-            assert stage in text, stage
-        assert "data/iter_1/sft.parquet" in text  # the Dataset column: inputs logged per run
+        stages = ("prepare-base", "synth-1", "validate-1", "sft-1", "rl-1", "distill-1", "evaluate-1",
+                  "promote-1", "report-1", "sft-2", "report-2", "promote-2")
+        # the Dataset column: inputs logged per run
+        wait_for_all(d, [*stages, "data/iter_1/sft.parquet"], "the nested stage runs and their datasets")
         screenshot(d, "mlflow_runs")
 
 
@@ -55,11 +54,12 @@ def test_stage_run_page_shows_parent_and_datasets(mlflow_ui, store):
     sft = next(r for r in store["runs"] if r.info.run_name == "sft-1" and r.data.tags.get("dvc.executed") == "True")
     with chromium() as d:
         d.get(f"{mlflow_ui}/#/experiments/{store['exp']}/runs/{sft.info.run_id}")
-        text = wait_for(d, lambda t: "Parent run" in t and "Datasets" in t, "the run overview")
-        _close_assistant(d)
-        assert "iter-1" in text and "data/iter_1/sft.parquet" in text and "sft.max_steps" in text
         md5 = sft.data.tags["dvc.md5.input:data/iter_1/sft.parquet"]
-        assert md5[:32] in text  # the dataset digest is the DVC md5
+        # the parent's name, the dataset with its digest (the DVC md5) and the params arrive in
+        # separate requests: wait for every one
+        wait_for_all(d, ["Parent run", "iter-1", "Datasets", "data/iter_1/sft.parquet", md5[:32], "sft.max_steps"],
+                     "the run overview with its parent, dataset digest and params")
+        _close_assistant(d)
         screenshot(d, "mlflow_stage_run")
 
 
@@ -90,5 +90,5 @@ def test_registry_shows_versions_and_aliases_and_links_back_to_the_run(mlflow_ui
         screenshot(d, "mlflow_version")
         link = d.find_element("css selector", f"a[href*='{mv.run_id}']")
         link.click()
-        text = wait_for(d, lambda t: "promote-" in t and "Parent run" in t, "the run that registered the version")
-        assert mv.run_id in d.current_url and "promote.decision" in text
+        wait_for_all(d, ["promote-", "Parent run", "promote.decision"], "the run that registered the version")
+        assert mv.run_id in d.current_url

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -63,6 +63,20 @@ def wait_for(driver, predicate: Callable[[str], bool], what: str, timeout: float
                 return text
         time.sleep(0.5)
     raise AssertionError(f"page {driver.current_url} never showed {what}; it shows:\n{text[:3000]}")
+
+
+def wait_for_all(driver, needles: Iterable[str], what: str, timeout: float = 90) -> str:
+    """Wait until the page shows every one of ``needles``. The pages render asynchronously (MLflow
+    fills a run's parent name, datasets and params in separate requests), so a test waits for all it
+    will assert on instead of asserting on the text of a half-rendered page; a failure names what
+    never appeared."""
+    needles = list(needles)
+    try:
+        return wait_for(driver, lambda t: all(n in t for n in needles), what, timeout)
+    except AssertionError as e:
+        text = driver.find_element("tag name", "body").text
+        missing = [n for n in needles if n not in text]
+        raise AssertionError(f"{what}: still missing {missing}\n{e}") from None
 
 
 def screenshot(driver, name: str, full_page: bool = False) -> Path:

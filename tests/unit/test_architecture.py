@@ -1,6 +1,7 @@
 """Import direction (ARCHITECTURE.md): Prefect only in tasks/ and flows/, MLflow only in
 apprentice/lineage.py, Great Expectations only in apprentice/gates.py; nothing in apprentice/
-imports tasks/ or flows/; policies never import environments."""
+imports tasks/ or flows/; policies never import environments; artifact paths built only in
+apprentice/paths.py."""
 
 from __future__ import annotations
 
@@ -55,3 +56,32 @@ def test_policies_do_not_import_environments():
     offenders = [p for p in (ROOT / "apprentice" / "policies").rglob("*.py")
                  if any(m.startswith("apprentice.envs") for m in _imports(p))]
     assert not offenders, f"policies import environments: {offenders}"
+
+
+
+def _text(node: ast.expr) -> str | None:
+    """A string expression's text, each f-string field as ``{}``; None for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def test_artifact_paths_are_built_only_in_paths_py():
+    """Where iteration k's artifacts live is apprentice/paths.py's to say: a stage, task or flow that
+    joins ``folder / "gen_{g}.parquet"`` or spells ``iter_{k}`` itself drifts from dvc.yaml the day
+    paths.py changes. Checked: every ``path / "<string>"`` naming a parquet table, every string that
+    spells an iteration folder (messages and docstrings may still *mention* a path in prose)."""
+    offenders = []
+    for p in _py("apprentice") + _py("tasks") + _py("flows"):
+        if p.name in ("paths.py", "shards.py"):  # shards.py names the shard files of a stage's own scratch folder
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            joined = _text(node.right) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) else None
+            if joined is not None and joined.endswith(".parquet"):
+                offenders.append(f"{p.relative_to(ROOT)}:{node.lineno}: / {joined!r}")
+            text = _text(node) if isinstance(node, ast.Constant | ast.JoinedStr) else None
+            if text is not None and ("iter_{}" in text or text == "iter_") and " " not in text:
+                offenders.append(f"{p.relative_to(ROOT)}:{node.lineno}: {text!r}")
+    assert not offenders, "build these paths with apprentice.paths.Paths:\n" + "\n".join(offenders)
