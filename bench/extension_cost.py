@@ -1,13 +1,14 @@
 """What extending Apprentice costs: the files a throwaway stage, environment family and OPD variant touch.
 
 Issue H's measure. For each extension the script checks out ``--ref`` (default ``HEAD``) into a
-temporary git worktree, writes the throwaway example the way the README says to, proves it is live
-(the stage is a CLI verb, a DVC stage, a Prefect task and a place in the flow's order; the family passes
+temporary git worktree, writes the throwaway example the way the README says to, proves it is live (the
+stage is a CLI verb, a DVC stage, a Prefect task and a place in the flow's order; the family passes
 ``check-env``; the variant's knob reaches its recipe), and prints the files it touched: hand-written
-ones, and separately the ones a generator rewrote (``dvc.yaml``). The numbers *before* the stage
-registry came from the same examples on scratch branches at the pre-registry code (``scratch-before-a``,
-``-b``, ``-c``): a stage touched 6 hand-written files, a family 2, a variant 2 (config, variants; the branch also
-wrote the knob's default into params.yaml, which is optional: the config class holds the default).
+ones with the lines they gained (the diff size), and separately the ones a generator rewrote
+(``dvc.yaml``). The numbers *before* the stage registry came from the same examples on scratch branches
+at the pre-registry code (``scratch-before-a``, ``-b``, ``-c``): a stage touched 6 hand-written files, a
+family 2, a variant 2 (config, variants; the branch also wrote the knob's default into params.yaml,
+which is optional: the config class holds the default).
 
     python bench/extension_cost.py            # on HEAD; ~20 s (the CLI and Prefect imports dominate)
 
@@ -146,6 +147,14 @@ def touched(wt: Path) -> tuple[list[str], list[str]]:
     return [f for f in files if f not in GENERATED], [f for f in files if f in GENERATED]
 
 
+def lines_added(wt: Path, files: list[str]) -> int:
+    """The diff size of the hand-written files: lines added to tracked files plus new files' lines."""
+    num = subprocess.run(["git", "diff", "--numstat", "--", *files], cwd=wt, capture_output=True, text=True,
+                         check=True).stdout
+    tracked = {line.split("\t")[2]: int(line.split("\t")[0]) for line in num.splitlines()}
+    return sum(tracked.get(f, len((wt / f).read_text().splitlines())) for f in files)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", default="HEAD", help="the commit to measure (default: HEAD)")
@@ -154,12 +163,12 @@ def main() -> int:
         wt = Path(tmp) / "wt"
         subprocess.run(["git", "worktree", "add", "-q", "--detach", str(wt), args.ref], cwd=ROOT, check=True)
         try:
-            print(f"{'extension':36s} {'hand-written files':>18s} {'target':>6s}  generated   files")
+            print(f"{'extension':36s} {'hand-written files':>18s} {'target':>6s} {'lines':>6s}  generated   files")
             for name, add in CASES.items():
                 add(wt)
                 hand, gen = touched(wt)
-                print(f"{name:36s} {len(hand):>18d} {'<= ' + str(TARGETS[name]):>6s}  {len(gen):>9d}   "
-                      f"{', '.join(hand + [g + ' (generated)' for g in gen])}")
+                print(f"{name:36s} {len(hand):>18d} {'<= ' + str(TARGETS[name]):>6s} {lines_added(wt, hand):>6d}  "
+                      f"{len(gen):>9d}   {', '.join(hand + [g + ' (generated)' for g in gen])}")
                 subprocess.run(["git", "checkout", "-q", "."], cwd=wt, check=True)
                 subprocess.run(["git", "clean", "-qfd"], cwd=wt, check=True)
         finally:
