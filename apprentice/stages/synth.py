@@ -48,10 +48,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def manifest_path(paths: Paths) -> Path:
-    return paths.synth_manifest
-
-
 def fingerprint(cfg: Config, paths: Paths) -> str:
     """What the outputs are a function of: the synth section, the seeds, the generators' code."""
     sources: list[str | None] = [base.__file__, trajectories.__file__, dedupe.__file__, __file__]
@@ -133,7 +129,7 @@ def select_train(cfg: Config, candidates: list[ProblemSpec], episodes: Path | No
 
 
 def _is_done(cfg: Config, paths: Paths, fp: str) -> dict[str, Any] | None:
-    m = manifest_path(paths)
+    m = paths.synth_manifest
     if not (m.exists() and paths.problems.exists()):
         return None
     try:
@@ -199,6 +195,6 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     }
     manifest = {"fingerprint": fp, "summary": summary,
                 "sha256": {"problems": _sha256(paths.problems)}}
-    with atomic_path(manifest_path(paths)) as tmp:  # written last: its presence means "done"
+    with atomic_path(paths.synth_manifest) as tmp:  # written last: its presence means "done"
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return {**summary, "skipped": False}

@@ -74,7 +74,9 @@ def wait_for_all(driver, needles: Iterable[str], what: str, timeout: float = 90)
     try:
         return wait_for(driver, lambda t: all(n in t for n in needles), what, timeout)
     except AssertionError as e:
-        text = driver.find_element("tag name", "body").text
+        text = ""
+        with contextlib.suppress(Exception):  # a dead page still reports the original failure
+            text = driver.find_element("tag name", "body").text
         missing = [n for n in needles if n not in text]
         raise AssertionError(f"{what}: still missing {missing}\n{e}") from None
 

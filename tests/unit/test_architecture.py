@@ -58,7 +58,6 @@ def test_policies_do_not_import_environments():
     assert not offenders, f"policies import environments: {offenders}"
 
 
-
 def _text(node: ast.expr) -> str | None:
     """A string expression's text, each f-string field as ``{}``; None for anything else."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
