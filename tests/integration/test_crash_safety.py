@@ -2,6 +2,13 @@
 the rerun resumes from the last complete checkpoint and ends with the same weights and the same
 metrics (minus wall-clock fields) as an uninterrupted run.
 
+The comparison is bitwise, so every training runs with deterministic kernels (one thread, MKL's
+reproducible code path, torch's deterministic algorithms): a difference can then only come from the
+resume (data order, optimizer or scheduler state, RNG, a lost or repeated step), not from a BLAS
+kernel that summed in another order in another process. CI once saw the weights differ with the
+default kernels, which this machine never reproduced in 16 kill/rerun pairs under load; a failure
+now names the tensors that differ and the first logged step whose loss differs.
+
 Slow (five short trainings in subprocesses, ~2-4 min on 2 cores): ``.ci/run`` runs it with
 ``APPRENTICE_RUN_SLOW=1``.
 """
@@ -42,6 +49,7 @@ from apprentice.paths import Paths
 from apprentice.stages import sft
 
 root, tiny, mode = sys.argv[1:4]
+torch.use_deterministic_algorithms(True)
 cfg = Config.model_validate({"model": {"base": tiny, "dtype": "fp32"},
                              "sft": {"max_steps": 4, "batch_size": 2, "max_length": 128, "save_steps": 1}})
 callbacks = []
@@ -64,9 +72,21 @@ print("RESULT " + json.dumps(sft.run(cfg, Paths(__import__("pathlib").Path(root)
 """
 
 
+# read by OpenMP and MKL when they start, hence set for the child rather than inside it
+DETERMINISTIC = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE", "MKL_CBWR": "COMPATIBLE"}
+
+
 def _sft(root: Path, tiny: str, mode: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _DRIVER, str(root), tiny, mode], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, env={**os.environ, **DETERMINISTIC})
+
+
+def _differences(weights: dict, ref_weights: dict, rows: list[dict], ref_rows: list[dict]) -> str:
+    """What differs from the uninterrupted run: the tensors (max |delta|) and the first differing metrics row."""
+    bad = {k: float((weights[k] - v).abs().max()) for k, v in ref_weights.items() if not torch.equal(weights[k], v)}
+    first = next(((a, b) for a, b in zip(rows[:-1], ref_rows[:-1], strict=False) if a != b), None)
+    return (f"{len(bad)} of {len(ref_weights)} tensors differ (max |delta| {dict(list(bad.items())[:5])}); "
+            f"first differing metrics row (rerun, uninterrupted): {first}")
 
 
 def _data(root: Path) -> None:
@@ -120,6 +140,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path, tiny_model_dir,
     else:
         assert result["resumed_from_step"] == 2
     weights, rows = _summary(tmp_path)
-    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights), "weights differ from an uninterrupted run"
+    same = all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
+    assert same, "weights differ from an uninterrupted run: " + _differences(weights, ref_weights, rows, ref_rows)
     assert rows == ref_rows  # num_tokens, loss, train_loss... continue exactly
     assert result["train_loss"] == ref_result["train_loss"] and result["steps"] == ref_result["steps"]
