@@ -1,0 +1,1 @@
+"""Apprentice: a teacher->student pipeline for multi-turn, tool-using LLM agents (README.md)."""

@@ -45,6 +45,22 @@ class _Entry:
     shared: bool = False  # a common prefix of several conversations: never "superseded"
 
 
+def _cast_on_update(cache: Any, dtype: torch.dtype) -> None:
+    """Cast what each layer writes into a bf16 ``StaticCache`` to its dtype.
+
+    Why: under bf16 autocast (fp32 weights) the value projection comes out in bf16 but RoPE keeps the
+    keys in fp32 (its cos/sin follow the fp32 hidden states), and ``StaticLayer.update``'s
+    ``index_copy_`` refuses mixed dtypes. Casting on write keeps the cache at half the memory."""
+    for layer in cache.layers:
+        update = layer.update
+
+        def cast(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, _u: Any = update,
+                 **kwargs: Any) -> Any:
+            return _u(key_states.to(dtype), value_states.to(dtype), *args, **kwargs)
+
+        layer.update = cast
+
+
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     if n == 0:
@@ -147,6 +163,8 @@ class CachedHFPolicy(HFPolicy):
         kdtype = self.model.dtype if self.dtype == torch.float32 else self.dtype
         cache: Any = StaticCache(config=self.model.config, max_cache_len=total)
         cache.early_initialization(B, self._kv_heads, self._head_dim, kdtype, self.device)
+        if kdtype != self.model.dtype:
+            _cast_on_update(cache, kdtype)
         # layout per row: [pad | reused prefix (right-aligned to C) | pad | new tokens (right-aligned to C+S)]
         mask = torch.zeros(B, total, dtype=torch.long, device=self.device)
         ids = torch.full((B, S), tok.pad_token_id, dtype=torch.long, device=self.device)

@@ -1,0 +1,1 @@
+"""One module per pipeline stage, each with ``run(cfg, paths, **kw) -> dict`` (registry: apprentice/pipeline.py)."""

@@ -1,0 +1,1 @@
+"""Trainers: SFT, curriculum GRPO, distillation and on-policy distillation, each wrapping TRL."""
