@@ -317,7 +317,36 @@ def write(profile: str = "default", repo: Path = REPO, check: bool = False) -> P
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
+    refuse_ignored_pipeline_files(wd)
     return wd
+
+
+#: The files DVC needs git to see in a work dir: it refuses a git-ignored ``dvc.lock`` ("is git-ignored").
+PIPELINE_FILES = ("dvc.yaml", "dvc.lock", "params.yaml")
+
+
+def ignored_pipeline_files(wd: Path) -> list[str]:
+    """The ``.gitignore`` rules (``file:line:pattern path``) that ignore a pipeline file of ``wd``.
+
+    Why a guard: a broad ignore line (``/dvc.lock``, ``/runs/``) broke ``dvc repro`` on every fresh
+    clone twice, and DVC only says so after Prefect has started. ``--no-index`` asks the rules
+    themselves, so a committed file that a pattern also matches is still reported. Outside a git
+    checkout (or without git) there is nothing to check."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        return []
+    proc = subprocess.run(["git", "check-ignore", "-v", "--no-index", *PIPELINE_FILES], cwd=wd,
+                          capture_output=True, text=True)
+    return [line for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
+
+
+def refuse_ignored_pipeline_files(wd: Path) -> None:
+    if rules := ignored_pipeline_files(wd):
+        raise ConfigError("DVC refuses git-ignored pipeline files, and these .gitignore rules ignore some in "
+                          f"{wd}:\n  " + "\n  ".join(rules) + "\nremove those lines (outputs are ignored by the "
+                          ".gitignore files DVC writes itself)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ Why this module exists (each item was measured, see shared/design/TRL-CPU-NOTES.
   ``qwen3_template`` parser; it is saved in ``tokenizer_config.json`` and survives reloads.
 * **Padding.** Generation needs LEFT padding so every row's last position is its real last token.
 * **dtype.** bf16 autocast is 2-3x faster on CPUs with AMX/avx512_bf16 and slower elsewhere, so
-  ``auto`` checks the hardware. Weights stay fp32; only compute runs in bf16 (autocast).
+  ``auto`` measures it once per machine (:mod:`apprentice.dtypes`). Weights stay fp32; only compute
+  runs in bf16 (autocast).
 * **use_cache.** TRL's trainers save ``use_cache=False``; a model built from such a config
   generates 10-20x slower. :func:`fix_generation_config` runs before every save.
 * **GGUF.** A model loaded from GGUF carries a quantizer that forbids saving/training;
@@ -142,17 +143,17 @@ def smol_tokenizer_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 @functools.cache
 def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 matmuls (Intel AMX or AVX512-BF16); Linux only."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    """True when the CPU has native bf16 matmuls (Intel AMX or AVX512-BF16); Linux only. Informational:
+    ``auto`` is decided by :func:`apprentice.dtypes.cpu_auto`'s measurement, not by these flags."""
+    from apprentice.dtypes import cpu_flags
+
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def resolve_dtype(value: str | torch.dtype = "auto", device: str | None = None) -> torch.dtype:
     """``bf16`` / ``fp32`` / ``auto`` -> the compute dtype. ``auto`` picks bf16 only where it is
-    fast: CUDA with bf16 support, or a CPU with AMX/AVX512-BF16; fp32 otherwise."""
+    fast: CUDA with bf16 support, or a CPU where bf16 autocast measured faster than fp32 within
+    tolerance (:mod:`apprentice.dtypes`); fp32 otherwise."""
     if isinstance(value, torch.dtype):
         return value
     if value in _DTYPES:
@@ -162,7 +163,9 @@ def resolve_dtype(value: str | torch.dtype = "auto", device: str | None = None) 
     device = device or default_device()
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    from apprentice.dtypes import cpu_auto
+
+    return _DTYPES[cpu_auto().dtype]
 
 
 def default_device() -> str:

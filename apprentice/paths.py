@@ -24,6 +24,15 @@ class Paths:
     root: Path
     iteration: int = 1
 
+    def rel(self, path: str | os.PathLike[str]) -> str:
+        """``path`` relative to the root, in posix form, for the records a stage writes: a DVC-tracked
+        output holding the clone's absolute path would hash differently in every folder."""
+        p = Path(path)
+        try:
+            return p.resolve().relative_to(self.root.resolve()).as_posix() if p.is_absolute() else p.as_posix()
+        except ValueError:
+            return p.as_posix()  # outside the root (a user's model folder): only the path itself names it
+
     @property
     def data(self) -> Path:
         return self.root / "data" / f"iter_{self.iteration}"

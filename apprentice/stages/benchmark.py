@@ -84,7 +84,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     write_parquet(frame, paths.benchmark)
     counts = {f: {str(lv): int(n) for lv, n in sorted(g.groupby("level").size().items())}
               for f, g in sorted(frame.groupby("family"))}
-    summary = {"problems": len(frame), "counts": counts, "seed": cfg.benchmark.seed, "path": str(paths.benchmark)}
+    summary = {"problems": len(frame), "counts": counts, "seed": cfg.benchmark.seed, "path": paths.rel(paths.benchmark)}
     with atomic_path(paths.benchmark_record) as tmp:
         tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     return summary

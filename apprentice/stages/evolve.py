@@ -115,7 +115,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     ref = pd.concat([measure(s, g, o, ev.reference_epsilon, ev.reference_samples, ev.seed)
                      for g, (s, o) in enumerate(gens)], ignore_index=True)
     write_parquet(ref, paths.evolve_reference)
-    result = {"settings": settings, "out": str(paths.evolve_dir), **summarize(ref)}
+    result = {"settings": settings, "out": paths.rel(paths.evolve_dir), **summarize(ref)}
     with atomic_path(summary_path) as tmp:
         tmp.write_text(json.dumps(result, indent=2))
     return result

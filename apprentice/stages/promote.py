@@ -75,7 +75,13 @@ def _base_entry(cfg: Config, paths: Paths) -> dict[str, Any]:
 
     ref = Path(resolve_model_ref(cfg.model.base, paths.root))
     return {"version": 0, "kind": "base", "iteration": 0, "weights_path": _rel(ref, paths.root),
-            "root": str(paths.root), "md5": weights_md5(ref) if ref.is_dir() else ""}
+            "root": _root(paths.root, paths), "md5": weights_md5(ref) if ref.is_dir() else ""}
+
+
+def _root(root: str | Path, paths: Paths) -> str:
+    """A record's ``root``: ``.`` for this project (a tracked record must not hold the clone's absolute
+    path: it would hash differently in every folder), the absolute root of another project's champion."""
+    return "." if Path(root).resolve() == paths.root.resolve() else str(root)
 
 
 def _rel(p: Path, root: Path) -> str:
@@ -101,7 +107,7 @@ def weights_md5(folder: Path) -> str:
 def champion_path(entry: dict[str, Any], root: Path) -> Path:
     """Absolute weights folder of a promotion record's ``champion`` entry."""
     p = Path(entry["weights_path"])
-    return p if p.is_absolute() else Path(entry.get("root") or root) / p
+    return p if p.is_absolute() else Path(root) / (entry.get("root") or ".") / p
 
 
 def check_coverage(df: pd.DataFrame, problem_ids: list[str], name: str, policy: str = "") -> None:
@@ -234,12 +240,12 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                                             "promotion_reason": decision["reason"]})
     if decision["promote"]:
         champion = {"version": int(version), "kind": cand, "iteration": paths.iteration, "weights_path": rel,
-                    "root": str(paths.root), "md5": md5 or weights_md5(weights)}
+                    "root": ".", "md5": md5 or weights_md5(weights)}
     elif champ is not None:
         t = champ["tags"]
         champion = {"version": int(champ["version"]), "kind": t.get(lineage.TAG_KIND, ""),
                     "iteration": int(t.get(lineage.TAG_ITER, 0) or 0), "weights_path": t.get("weights_path", ""),
-                    "root": t.get("root", str(paths.root)), "md5": t.get("dvc_md5", "")}
+                    "root": _root(t.get("root", paths.root), paths), "md5": t.get("dvc_md5", "")}
     else:
         champion = _base_entry(cfg, paths)
     if (cp := champion_path(champion, paths.root)).is_dir():  # one md5 kind for every entry: the files' own

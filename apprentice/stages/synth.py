@@ -189,8 +189,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         "counts": counts,
         "oracle_turns_mean": {f: {lv: round(mean(v), 2) for lv, v in sorted(d.items())}
                               for f, d in sorted(turns.items())},
-        "problems": str(paths.problems),
-        "benchmark_path": str(paths.benchmark),
+        "problems": paths.rel(paths.problems),
+        "benchmark_path": paths.rel(paths.benchmark),
         **({"selection": selection} if selection else {}),
     }
     manifest = {"fingerprint": fp, "summary": summary,

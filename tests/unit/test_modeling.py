@@ -16,7 +16,9 @@ def test_resolve_dtype_explicit_and_auto():
     assert modeling.resolve_dtype("fp32") == torch.float32
     assert modeling.resolve_dtype("bf16") == torch.bfloat16
     auto = modeling.resolve_dtype("auto", device="cpu")
-    assert auto == (torch.bfloat16 if modeling.cpu_supports_bf16() else torch.float32)
+    from apprentice.dtypes import cpu_auto
+
+    assert auto == {"bf16": torch.bfloat16, "fp32": torch.float32}[cpu_auto().dtype]  # measured, then cached
     with pytest.raises(ValueError, match="'bf16', 'fp32' or 'auto'"):
         modeling.resolve_dtype("fp16")
 
