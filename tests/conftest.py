@@ -114,3 +114,14 @@ def pytest_collection_modifyitems(config, items):
         return next((i for i, prefix in enumerate(_FIRST) if item.nodeid.startswith(prefix)), len(_FIRST))
 
     items.sort(key=rank)
+
+
+@pytest.fixture
+def echo_env(monkeypatch):
+    """The two-word ``echo`` environment (tests/echokit.py), registered for this test only."""
+    from echokit import EchoEnv
+
+    from apprentice.envs import FAMILIES
+
+    monkeypatch.setitem(FAMILIES, "echo", EchoEnv)
+    return EchoEnv

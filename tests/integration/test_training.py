@@ -12,82 +12,19 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from apprentice.config import Config
-from apprentice.envs import FAMILIES
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
 from apprentice.paths import Paths
 from apprentice.training.common import METRICS_FILE, read_metrics, work_dir_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from echokit import EchoEnv, config, write_data  # noqa: E402
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class EchoEnv(Environment):
-    family: ClassVar[str] = "echo"
-    axes: ClassVar[tuple[DifficultyAxis, ...]] = (DifficultyAxis("length", 1, 2),)
-    system_prompt: ClassVar[str] = "Say the word."
-
-    def build(self, spec: ProblemSpec) -> str:
-        self.word = spec.rng().choice(["red", "blue", "green", "gold"])
-        return f"Word: {self.word}"
-
-    def oracle(self) -> list[ToolCall]:
-        return [ToolCall("say", {"word": self.word})]
-
-    def turn_budget(self) -> int:
-        return 2
-
-    @tool
-    def say(self, word: str) -> str:
-        """
-        Say a word.
-
-        Args:
-            word: The word to say.
-        """
-        self.turns += 1
-        if str(word).strip() == self.word:
-            self.done, self.reward = True, 1.0
-            return "Correct."
-        return "Wrong."
-
-
-@pytest.fixture
-def echo_env(monkeypatch):
-    monkeypatch.setitem(FAMILIES, "echo", EchoEnv)
-    return EchoEnv
-
-
-def _config(tiny: str, **sections) -> Config:
-    raw = {"model": {"base": tiny, "dtype": "fp32"}, "evaluate": {"max_new_tokens": 8, "batch_size": 8}}
-    for k, v in sections.items():
-        raw.setdefault(k, {}).update(v)
-    return Config.model_validate(raw)
-
-
-def _write_data(paths: Paths, n: int = 4) -> None:
-    """problems.parquet + sft.parquet (oracle trajectories) for the echo environment."""
-    from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
-    from apprentice.trajectories import problems_frame, trajectories_frame, write_parquet
-
-    specs = [EchoEnv.make_spec(i, {"length": 1 + i % 2}) for i in range(n)]
-    problems = problems_frame(specs, [i % 2 for i in range(n)], "train")
-    write_parquet(problems, paths.problems)
-    trajs = run_episodes(problems, OraclePolicy(), progress=False)
-    assert all(t.success for t in trajs)
-    write_parquet(trajectories_frame(trajs), paths.sft_data)
-    from apprentice import (
-        gates,  # the gate record sft/distill require (oracle episodes: clean by construction)
-    )
-
-    gates.write_reports([], paths.reports / "gate.html", paths.gate_record, "fixture", sft_path=paths.sft_data)
 
 
 def _changed(model_dir: str | Path, reference: str | Path) -> int:
@@ -109,8 +46,8 @@ def test_sft_logs_trains_resumes_from_checkpoint_and_skips_when_done(tmp_path, t
     from apprentice.stages import sft
 
     paths = Paths(tmp_path)
-    _write_data(paths)
-    cfg = _config(tiny_model_dir, sft={"max_steps": 3, "batch_size": 2, "max_length": 128, "save_steps": 1})
+    write_data(paths)
+    cfg = config(tiny_model_dir, sft={"max_steps": 3, "batch_size": 2, "max_length": 128, "save_steps": 1})
 
     with pytest.raises(RuntimeError, match="simulated crash"):  # checkpoint-1 is written, step 2 dies
         sft.run(cfg, paths, callbacks=[_CrashAt(2)])
@@ -153,7 +90,7 @@ def test_sft_logs_trains_resumes_from_checkpoint_and_skips_when_done(tmp_path, t
 
 def test_sft_deepspeed_zero2_runs_on_cpu_through_the_cli(tmp_path, tiny_model_dir, echo_env):
     paths = Paths(tmp_path)
-    _write_data(paths, n=2)
+    write_data(paths, n=2)
     params = tmp_path / "params.yaml"
     params.write_text(json.dumps({"model": {"base": tiny_model_dir, "dtype": "fp32"},
                                   "sft": {"max_steps": 1, "batch_size": 2, "max_length": 128, "deepspeed": "zero2"}}))
@@ -180,9 +117,9 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
     from apprentice.stages import rl
 
     paths = Paths(tmp_path)
-    _write_data(paths)
+    write_data(paths)
     shutil.copytree(tiny_model_dir, paths.sft_model)
-    cfg = _config(tiny_model_dir, rl={"max_steps": 1, "prompts_per_step": 2, "num_generations": 2,
+    cfg = config(tiny_model_dir, rl={"max_steps": 1, "prompts_per_step": 2, "num_generations": 2,
                                       "max_completion_length": 24, "probe_samples": 2, "probe_problems": 2})
     result = rl.run(cfg, paths, reward_funcs=[_length_reward])
     assert result["steps"] == 1
@@ -212,9 +149,9 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
     from apprentice.training.student import build_student
 
     paths = Paths(tmp_path)
-    _write_data(paths, n=2)
+    write_data(paths, n=2)
     make_tiny_model(load_tokenizer(smol_tokenizer_dir), paths.sft_model, hidden=64, layers=4, seed=1)
-    cfg = _config(str(paths.sft_model), sft={"batch_size": 2, "max_length": 128},
+    cfg = config(str(paths.sft_model), sft={"batch_size": 2, "max_length": 128},
                   distill={"max_steps": 1, "batch_size": 2, "max_completion_length": 8, "divergence": "reverse_kl",
                            "student": {"keep_every": 3, "warmup_steps": 1, "warmup_lr": 1e-3}})
     result = distill.run(cfg, paths)
