@@ -138,7 +138,29 @@ def source_of(family: str) -> dict[str, str]:
     top = cls.__module__.split(".")[0]
     if top == "apprentice":
         return {}
-    return dict(_plugin_source(top))
+    try:
+        return dict(_plugin_source(top))
+    except (ImportError, TypeError, OSError):  # a class defined in __main__ or a notebook: its own source
+        try:
+            text = inspect.getsource(cls)
+        except (TypeError, OSError):
+            text = ""
+        import hashlib
+
+        return {"module": cls.__module__, "path": "", "version": "", "metadata": "",
+                "source": hashlib.sha256(text.encode()).hexdigest()[:16]}
+
+
+def plugin_sources(families: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``{family: {module, version, source}}`` of every plugin family among ``families``, for the
+    stages' fingerprints (built-in and adapter families are covered by the project's code digest and
+    library versions, so they are left out and a fingerprint without plugins is unchanged)."""
+    out = {}
+    for fam in sorted({str(f) for f in families}):
+        src = source_of(fam)
+        if src:
+            out[fam] = {"module": src["module"], "version": src["version"], "source": src["source"]}
+    return out
 
 
 def _plugin_source(top: str) -> tuple[tuple[str, str], ...]:
@@ -147,8 +169,13 @@ def _plugin_source(top: str) -> tuple[tuple[str, str], ...]:
     from pathlib import Path
 
     mod = importlib.import_module(top)
-    origin = Path(inspect.getsourcefile(mod) or mod.__file__ or "")
-    path = origin.parent if origin.name == "__init__.py" else origin
+    if getattr(mod, "__file__", None) is None and getattr(mod, "__path__", None):  # a namespace package
+        path = Path(next(iter(mod.__path__)))
+    else:
+        origin = Path(inspect.getsourcefile(mod) or mod.__file__ or "")
+        if not origin.is_file():
+            raise OSError(f"no source file for {top}")
+        path = origin.parent if origin.name == "__init__.py" else origin
     files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
     h = hashlib.sha256()
     for f in files:
@@ -216,5 +243,5 @@ def _load_builtin() -> None:
 
 _load_builtin()
 
-__all__ = ["FAMILIES", "DifficultyAxis", "UnknownFamily", "source_of", "Environment", "ProblemSpec", "ToolCall", "env_for", "load_entry_points", "load_modules",
+__all__ = ["FAMILIES", "DifficultyAxis", "UnknownFamily", "plugin_sources", "source_of", "Environment", "ProblemSpec", "ToolCall", "env_for", "load_entry_points", "load_modules",
            "register", "replay", "resolve", "tool", "trl_environment"]
