@@ -91,7 +91,7 @@ def register(cls: type[Environment]) -> type[Environment]:
 
 
 ENTRY_POINT_GROUP = "apprentice.envs"
-#: entry points already loaded (by name): a package installed later in the process is still found
+#: entry points that failed to import, already reported (a broken unrelated plugin warns once)
 _loaded_entry_points: set[str] = set()
 
 
@@ -105,23 +105,31 @@ def load_modules(modules: Iterable[str]) -> None:
                              "install it or put its folder on PYTHONPATH") from None
 
 
-def load_entry_points() -> list[str]:
+def load_entry_points(family: str | None = None) -> list[str]:
     """Register the families installed packages declare in the ``apprentice.envs`` entry-point group
-    that are not loaded yet; return the names of the entry points loaded now. Scanning the installed
-    distributions takes milliseconds, so it runs again whenever an unknown family is asked for (a
-    package installed, or put on ``sys.path``, after the first lookup is still found)."""
+    that are not registered; return the names of the entry points loaded. Scanning the installed
+    distributions takes milliseconds and importing a loaded module is free, so this runs on every
+    lookup of an unknown family (a package installed, or put on ``sys.path``, after the first lookup is
+    still found). An entry point that cannot be imported raises when it is the one asked for
+    (``family``), and is otherwise skipped with a warning, so one broken plugin cannot hide the others."""
+    import logging
     from importlib.metadata import entry_points
 
     names = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.value in _loaded_entry_points:
+        if ep.name != family and FAMILIES.registered(ep.name):
             continue
         try:
             obj = ep.load()  # a module registers itself on import; a class is registered here
         except ImportError as e:
-            raise ImportError(f"entry point '{ep.name} = {ep.value}' ({ENTRY_POINT_GROUP}) cannot be imported: "
-                              f"{e}; reinstall its package or uninstall it") from None
-        _loaded_entry_points.add(ep.value)
+            msg = (f"entry point '{ep.name} = {ep.value}' ({ENTRY_POINT_GROUP}) cannot be imported: {e}; "
+                   "reinstall its package or uninstall it")
+            if ep.name == family:
+                raise ImportError(msg) from None
+            if ep.value not in _loaded_entry_points:
+                _loaded_entry_points.add(ep.value)
+                logging.getLogger(__name__).warning(msg)
+            continue
         if inspect.isclass(obj) and issubclass(obj, Environment) and not FAMILIES.registered(obj.family):
             register(obj)
         names.append(ep.name)
@@ -202,7 +210,7 @@ def resolve(family: str) -> type[Environment]:
         from apprentice.envs.adapters import ensure
 
         return ensure(family)
-    load_entry_points()
+    load_entry_points(family)
     if FAMILIES.registered(family):
         return FAMILIES[family]
     raise UnknownFamily(f"unknown environment family '{family}'; known: {sorted(FAMILIES)} (plus "
