@@ -107,11 +107,10 @@ def test_plugin_version_and_source_are_in_fingerprints_and_dvc_deps(plugin, tmp_
     src = envs.source_of("tally")
     assert src["version"] == "tally-envs==0.1.0" and src["metadata"].endswith("METADATA")
 
-    raw = {"synth": {"families": ["grid", "tally"]}}
-    deps = pipeline(raw)["stages"]["teacher-rollout-1"]["deps"]
-    assert src["path"] in deps and src["metadata"] in deps
-    assert all(d in pipeline(raw)["stages"]["benchmark"]["deps"] for d in (src["path"], src["metadata"]))
-    assert src["path"] not in pipeline({})["stages"]["teacher-rollout-1"]["deps"]  # built-ins only: unchanged
+    stages = pipeline({"synth": {"families": ["grid", "tally"]}})["stages"]
+    for name in ("teacher-rollout-1", "benchmark", "synth-1", "validate-1"):  # every stage that builds envs
+        assert src["path"] in stages[name]["deps"] and src["metadata"] in stages[name]["deps"], name
+    assert src["path"] not in stages["sft-1"]["deps"]  # a stage that builds no environment: no plugin deps
 
     module = Path(src["path"]) / "counter.py"
     module.write_text(module.read_text() + "\n# edited\n")
