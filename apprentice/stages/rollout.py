@@ -4,8 +4,9 @@ Reads ``data/iter_k/problems.parquet``, builds the teacher from ``rollout.teache
 ``--policy oracle|base|sft|rl|student|<path>``), runs ``rollout.samples_per_problem`` episodes per
 problem with the batched engine and writes ``data/iter_k/teacher.parquet`` atomically.
 
-Resumable: the output carries a fingerprint of its inputs (problem specs, policy settings, model
-weights, seed) in its Parquet metadata; a rerun that finds a complete output with the same
+Resumable: the output carries a fingerprint of what determines its episodes (problem specs, the
+policy's model and sampling settings but not its URL, timeout or retries, model weights, seed, the
+code, a plugin family's version and source) in its Parquet metadata; a rerun that finds a complete output with the same
 fingerprint returns at once. The policy-resolution helpers here are shared with ``evaluate``.
 """
 
@@ -126,7 +127,7 @@ def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, **se
         # an edited environment must not leave a stale rollout behind (issue G)
         "code": codedeps.digest("apprentice.stages.rollout"),
         # a plugin family's code lives outside the project: its version and source hash (issue O)
-        "plugins": envs.plugin_sources(problems["family"]),
+        "plugins": envs.plugin_sources(problems["family"] if "family" in problems.columns else []),
         **settings,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

@@ -279,11 +279,11 @@ def test_cli_marks_permanent_failures_and_prefect_does_not_retry_them(tmp_path):
     and the task's retry condition refuses to retry it (a transient StageFailed is retried)."""
     from prefect.states import Failed
 
+    from apprentice import pipeline
     from apprentice.__main__ import main
     from apprentice.pipeline import NOT_RETRYABLE
     from tasks._dvc import StageFailed, StageNotRetryable, stage_failed
     from tasks.stages import _task, retryable
-    from apprentice import pipeline
 
     paths = Paths(tmp_path)
     _problems(paths, 3)

@@ -119,3 +119,23 @@ def test_plugin_version_and_source_are_in_fingerprints_and_dvc_deps(plugin, tmp_
     _install(tmp_path, "0.2.0")  # a new version (same source as first installed)
     assert envs.source_of("tally")["version"] == "tally-envs==0.2.0"
     assert fingerprint(problems, pol, cfg, samples=1) not in (fp, edited)
+
+
+def test_check_env_fails_a_family_whose_levels_get_easier(monkeypatch):
+    """The README family with its axes turned the wrong way (a larger step and more spare turns at a
+    higher level: the README's own example did this) breaks the level contract, and check-env says so."""
+    from apprentice.envs.check import check_family
+
+    saved = dict(FAMILIES)
+    src = (_readme_example().replace('family = "tally"', 'family = "tally_easy"')
+           .replace('9 - spec.difficulty["step_cut"]', '2 + spec.difficulty["step_cut"]')
+           .replace('3 - spec.difficulty["budget_cut"]', 'spec.difficulty["budget_cut"]'))
+    try:
+        exec(compile(src, "tally_easy.py", "exec"), {"__name__": "tally_easy"})
+        failures = check_family("tally_easy", levels=[0, 1, 2], seeds=3, echo=lambda *_: None)
+        assert any("level contract: level 1 is easier than level 0" in f for f in failures), failures
+        exec(compile(_readme_example().replace('"tally"', '"tally_ok"'), "tally_ok.py", "exec"), {"__name__": "tally_ok"})
+        assert check_family("tally_ok", levels=[0, 1, 2], seeds=3, echo=lambda *_: None) == []
+    finally:
+        FAMILIES.clear()
+        FAMILIES.update(saved)
