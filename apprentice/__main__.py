@@ -102,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line for an operator; --debug shows the traceback
         if args.debug:
             raise
-        print(f"error in stage {args.stage}: {describe(e)}", file=sys.stderr)
+        from apprentice.pipeline import NOT_RETRYABLE
+
+        mark = f" {NOT_RETRYABLE}" if getattr(e, "retryable", True) is False else ""
+        print(f"error in stage {args.stage}: {describe(e)}{mark}", file=sys.stderr)
         return 1
     if result is not None:
         print(json.dumps(result, indent=2, default=str))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -49,6 +49,21 @@ class ModelConfig(Section):
     threads: int = Field(0, ge=0, description="torch threads (0 = torch default).")
 
 
+def _resolve_families(v: list[str]) -> list[str]:
+    """Every family name through the one registry lookup (:func:`apprentice.envs.resolve`), which
+    registers adapter (rg_*, toytext_*) and entry-point families on first use."""
+    from apprentice.envs import resolve
+
+    for f in v:
+        try:
+            resolve(f)
+        except ImportError as e:
+            raise ValueError(f"environment family '{f}' needs a package that is not installed: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"unknown environment families ['{f}']: {e}") from None
+    return v
+
+
 class SynthConfig(Section):
     families: list[str] = Field(default_factory=lambda: ["grid", "search"])
     n_train: int = Field(200, ge=1, description="Training problems per iteration (all families).")
@@ -65,15 +80,7 @@ class SynthConfig(Section):
     @field_validator("families")
     @classmethod
     def _known_families(cls, v: list[str]) -> list[str]:
-        from apprentice.envs import resolve
-
-        for f in v:  # registers adapter (rg_*, toytext_*) and entry-point families on first use
-            try:
-                resolve(f)
-            except ImportError as e:
-                raise ValueError(f"environment family '{f}' needs a package that is not installed: {e}") from None
-            except ValueError as e:
-                raise ValueError(f"unknown environment families ['{f}']: {e}") from None
+        _resolve_families(v)
         if not v:
             raise ValueError("list at least one environment family")
         return v
@@ -90,12 +97,7 @@ class BenchmarkConfig(Section):
     @field_validator("families")
     @classmethod
     def _known_families(cls, v: list[str]) -> list[str]:
-        from apprentice.envs import FAMILIES
-
-        bad = [f for f in v if f not in FAMILIES]
-        if bad:
-            raise ValueError(f"unknown environment families {bad}; choose from {sorted(FAMILIES)}")
-        return v
+        return _resolve_families(v)  # the same lookup as synth.families (entry points included)
 
 
 class PolicyConfig(Section):
@@ -110,7 +112,22 @@ class PolicyConfig(Section):
     max_new_tokens: int = Field(96, ge=1)
     batch_size: int = Field(32, ge=1, description="Max episodes whose next turn is generated at once.")
     timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(3, ge=0)
+    max_retries: int = Field(3, ge=0, description="Extra attempts of one request after a transient failure "
+                             "(connection, timeout, 429/5xx, a body that is not a chat completion).")
+    circuit_breaker: int = Field(8, ge=1, description="Consecutive connection failures or timeouts (across all "
+                                 "requests) after which the rollout stops with one error instead of spending "
+                                 "every problem's retries on an endpoint that is down.")
+
+    #: what only decides how an answer is fetched, not what it is: left out of episode fingerprints, so a
+    #: rerun with another port, timeout or retry count resumes the finished episodes (issue O)
+    TRANSPORT: ClassVar[frozenset[str]] = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries",
+                                                      "circuit_breaker"})
+
+    def episode_settings(self) -> dict[str, Any]:
+        """The settings that determine an episode (kind, model, sampling; for an HF model also the
+        batch size, whose padding can change greedy numerics): what a fingerprint includes."""
+        drop = set(self.TRANSPORT) | ({"batch_size"} if self.kind == "openai" else set())
+        return self.model_dump(exclude=drop)
 
 
 class RolloutConfig(Section):
@@ -286,6 +303,11 @@ class EvolveConfig(Section):
                       "and adds to the RL pool (0 = off). It starts at generation 0 and moves on while the "
                       "policy's pass rate reaches curriculum.advance_threshold.")
     seed: int = 0
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, v: list[str]) -> list[str]:
+        return _resolve_families(v)
 
 
 class CurriculumConfig(Section):

@@ -131,8 +131,42 @@ def _params(raw: dict[str, Any], stage: Stage) -> list[str]:
     return list(dict.fromkeys(keys))  # a key named on its own and inside its section: once
 
 
-def _code(stage: Stage, prefix: str, repo: Path) -> list[str]:
-    return [prefix + p for p in code_deps(stage.name, repo)]
+def _code(stage: Stage, prefix: str, repo: Path, raw: dict[str, Any] | None = None) -> list[str]:
+    plugins = plugin_deps(raw or {}, repo) if stage.builds_envs else []
+    return [prefix + p for p in code_deps(stage.name, repo)] + [p if p.startswith("/") else prefix + p for p in plugins]
+
+
+def plugin_deps(raw: dict[str, Any], repo: Path = REPO) -> list[str]:
+    """The code of the plugin families the params name (``synth.families``, ``benchmark.families``,
+    ``curriculum.evolve.families``; modules from ``envs.modules`` are imported first), for every stage
+    that builds environments: each family's package folder (or module file) and, for an installed
+    distribution, its ``METADATA`` (which holds the version). Paths inside the repository (a module
+    in it, a package in its ``.venv``) are relative to it, others absolute (DVC hashes both). Built-in and adapter
+    families add nothing: the project's own code deps cover them. Why here and not only in the
+    stages' fingerprints: DVC decides whether a stage runs; without these deps an edited plugin left
+    the rollout "up to date" (issue O)."""
+    from apprentice.envs import load_modules, source_of
+
+    mods = (raw.get("envs") or {}).get("modules") or []
+    fams: list[str] = []
+    for section in (raw.get("synth") or {}, raw.get("benchmark") or {},
+                    (raw.get("curriculum") or {}).get("evolve") or {}):
+        fams += [str(f) for f in section.get("families") or []]
+    out: list[str] = []
+    try:
+        load_modules([str(m) for m in (mods if isinstance(mods, list) else [mods])])
+    except ValueError:  # the config load reports it, naming the key
+        return []
+    for fam in dict.fromkeys(fams):
+        try:
+            src = source_of(fam)
+        except (ValueError, ImportError):  # the config load reports an unknown family, naming the fix
+            continue
+        for p in (src.get("path"), src.get("metadata")):
+            if p:
+                rel = os.path.relpath(p, repo)
+                out.append(Path(p).as_posix() if rel.startswith("..") else Path(rel).as_posix())
+    return list(dict.fromkeys(out))
 
 
 #: The stage registry the CLI dispatches through. Not a code dep: what a stage computes depends on it
@@ -175,7 +209,7 @@ def _spec(stage: Stage, where: Where, iteration: int | None, raw: dict[str, Any]
           repo: Path) -> dict[str, Any]:
     io = stage.io(where)
     spec: dict[str, Any] = {"cmd": _cmd(stage.name, iteration),
-                            "deps": _code(stage, prefix, repo) + [_entry(d) for d in io.deps]}
+                            "deps": _code(stage, prefix, repo, raw) + [_entry(d) for d in io.deps]}
     if ps := _params(raw, stage):
         spec["params"] = ps
     if io.outs:

@@ -220,3 +220,11 @@ def atomic_path(final: Path) -> Iterator[Path]:
 def eval_jsons(eval_dir: Path) -> list[Path]:
     """The ``<policy>.json`` metrics of an evaluation folder, sorted (not the ``.timings.json`` beside them)."""
     return sorted(f for f in eval_dir.glob("*.json") if not f.name.endswith(".timings.json"))
+
+
+def failures_file(output: Path) -> Path:
+    """``<output>.failures.jsonl`` beside an episode table (and beside its shard folder): one JSON line
+    per episode that failed after its retries (problem id, family, level, sample, last error), written
+    by :func:`apprentice.shards.run_sharded` whenever a run leaves failures and removed when none are
+    left. Not a DVC output: it describes a run, not the table."""
+    return Path(output).with_suffix(".failures.jsonl")

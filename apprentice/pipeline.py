@@ -34,6 +34,10 @@ from apprentice.paths import DVCLIVE_DIR, Paths
 
 #: Retries of the stages that talk to a teacher/policy (network endpoints fail transiently).
 ROLLOUT_RETRIES = int(os.environ.get("APPRENTICE_ROLLOUT_RETRIES", "2"))
+#: Ends the CLI's error line when the error has ``retryable = False`` (a rejected API key, an endpoint
+#: the circuit breaker gave up on): the Prefect task reads it in the stage's output and does not retry,
+#: since a retry would only fail the same way, minutes later.
+NOT_RETRYABLE = "[not retryable]"
 #: Policies the evaluation scores on the benchmark, one DVC stage each (the table ``make run`` prints).
 EVAL_POLICIES = ("base", "sft", "rl", "student")
 #: Policies that do not change across iterations: scored once, in no iteration (``data/benchmark/eval``).

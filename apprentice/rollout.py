@@ -14,6 +14,13 @@ counted in ``parse_errors``; tool observations starting with ``Error`` count as 
 0, ``stopped = "format_errors"`` in ``extra``): a model that has not learned the format (the base
 model, a freshly pruned student) otherwise spends its whole turn budget producing prose, which made
 evaluating it cost as much as evaluating a working agent.
+
+A policy that cannot produce a turn at all (an endpoint request that failed after its retries)
+returns a :class:`~apprentice.policies.base.Turn` with ``error``: only that episode ends, as
+*failed* (``success = False``, ``extra.error`` = the error, ``extra.failed = True``), and the batch
+plays on. When ``policy.act`` itself raises (an endpoint that is down, a bug), the episodes that had
+already finished are attached to the exception (:func:`finished_before`), so the shard runner keeps
+them instead of replaying them.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from apprentice.envs import FAMILIES, Environment, ProblemSpec, ToolCall
+from apprentice.envs import Environment, ProblemSpec, ToolCall, resolve
 from apprentice.policies.base import Message, Policy, Turn
 from apprentice.trajectories import Trajectory, specs_of
 
@@ -63,6 +70,7 @@ class _Episode:
     finished: bool = False
     truncated: bool = False
     wall_s: float = 0.0
+    error: str = ""  # the policy could not produce a turn: the episode failed (not a model outcome)
 
     def size(self) -> int:
         """Rough prompt length (characters) to group similar lengths into one batch."""
@@ -208,11 +216,17 @@ def run_episodes(
             live.sort(key=_Episode.size, reverse=True)
             for start in range(0, len(live), batch_size):
                 chunk = live[start : start + batch_size]
-                turns = policy.act(
-                    [e.messages for e in chunk],
-                    [e.tools for e in chunk],
-                    contexts=[e.context for e in chunk] if wants_plan else None,
-                )
+                try:
+                    turns = policy.act(
+                        [e.messages for e in chunk],
+                        [e.tools for e in chunk],
+                        contexts=[e.context for e in chunk] if wants_plan else None,
+                    )
+                except Exception as exc:
+                    # keep what finished: the caller may save it and replay only the rest
+                    exc.finished_episodes = [_trajectory(e, pid) for e in episodes  # type: ignore[attr-defined]
+                                             if e.finished and not e.error]
+                    raise
                 if len(turns) != len(chunk):
                     raise RuntimeError(
                         f"policy {pid} returned {len(turns)} turns for {len(chunk)} conversations; "
@@ -247,16 +261,15 @@ def _wants_plan(policy: Policy) -> bool:
 
 
 def _default_env(spec: ProblemSpec) -> Environment:
-    try:
-        cls = FAMILIES[spec.family]
-    except KeyError:
-        raise ValueError(f"unknown environment family '{spec.family}'; known: {sorted(FAMILIES)}") from None
-    return cls()
+    return resolve(spec.family)()  # built-in, adapter, envs.modules or entry-point family
 
 
 def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_format_errors: int = 0,
            episode_tokens: int = 0, count_tokens: Callable[[str], int] | None = None) -> None:
     """Append the assistant turn and its observations; update counters and the finish state."""
+    if turn.error:  # no turn at all (the endpoint failed for good): this episode fails, the batch goes on
+        ep.finished, ep.error = True, " ".join(str(turn.error).split())[:1000]
+        return
     ep.turns += 1
     ep.prompt_tokens += int(turn.prompt_tokens)
     ep.completion_tokens += int(turn.completion_tokens)
@@ -317,8 +330,15 @@ def _execute(env: Environment, call: ToolCall) -> str:
         return f"Error: tool {call.name} failed: {type(e).__name__}: {e}"
 
 
+def finished_before(exc: BaseException) -> list[Trajectory]:
+    """The episodes that had finished when ``run_episodes`` raised ``exc`` (empty if none, or if the
+    exception did not come from the engine)."""
+    return list(getattr(exc, "finished_episodes", None) or [])
+
+
 def _trajectory(ep: _Episode, policy_id: str) -> Trajectory:
-    reward = float(ep.env.get_reward())
+    reward = 0.0 if ep.error else float(ep.env.get_reward())
+    failed = {"error": ep.error, "failed": True} if ep.error else {}
     return Trajectory(
         problem_id=ep.spec.problem_id,
         family=ep.spec.family,
@@ -338,5 +358,6 @@ def _trajectory(ep: _Episode, policy_id: str) -> Trajectory:
         prompt_tokens=ep.prompt_tokens,
         completion_tokens=ep.completion_tokens,
         wall_s=round(ep.wall_s, 4),
-        extra={"budget": ep.budget, "tool_calls": ep.tool_calls, **({"stopped": ep.stopped} if ep.stopped else {})},
+        extra={"budget": ep.budget, "tool_calls": ep.tool_calls, **({"stopped": ep.stopped} if ep.stopped else {}),
+               **failed},
     )

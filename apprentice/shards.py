@@ -6,15 +6,22 @@ episode, and the rerun (or the Prefect retry) started from zero; a read-only out
 after all episodes had run.
 
 Here the stage's problems are cut into shards of ``shard_size`` problems. Each shard runs through the
-batched engine (``run_chunk``, e.g. ``apprentice.rollout.run_episodes`` on those rows) and is written
-atomically to ``.<output>.shards-<fingerprint>/`` beside the output, so a rerun with the same inputs
-loads the finished shards and runs only the others. A shard whose run raises is retried problem by
-problem; a problem that still fails is recorded as a failed episode carrying its error
-(``extra.error``, ``success=False``) and is *not* flushed, so the next rerun tries it again. The stage
-fails only when the failed share passes ``error_budget`` (0 = any failure fails it, after every other
-shard is saved). The output dir is checked writable before any episode runs.
+batched engine (``run_chunk``, e.g. ``apprentice.rollout.run_episodes`` on those rows) as one batch and
+its finished episodes are written atomically to ``.<output>.shards-<fingerprint>/`` beside the output,
+so a rerun with the same inputs loads them and plays only what is missing. Failures are per episode:
+the policy retries each request on its own, and a request that still fails ends only its episode, as
+a failed episode carrying its error (``extra.error``, ``extra.failed``, ``success=False``); it is *not*
+flushed, so the next rerun plays it again (in one batch with the shard's other missing episodes,
+never a serial replay). Every failed episode is named, in the error and in
+``<output>.failures.jsonl`` (:func:`apprentice.paths.failures_file`). The stage fails only when the
+failed share passes ``error_budget`` (0 = any failure fails it, after every other shard is saved);
+under it the failed rows stay in the output, marked (:func:`failed_mask`), for the gate to exclude.
+An error that no problem can get past (``retryable = False``: a rejected key, an endpoint the circuit
+breaker gave up on) stops the run at once, after saving what finished. The output dir is checked
+writable before any episode runs.
 
-The engine itself (``apprentice.rollout``) is untouched: this module only calls it on smaller tables.
+The fingerprint in the shard folder's name is what determines an episode (problems, model, sampling,
+code), not how answers are fetched (URL, timeout, retries): a rerun with more retries resumes.
 Each shard seeds the engine with ``seed + shard index``, so shards are reproducible on their own.
 """
 
@@ -59,12 +66,41 @@ def shard_dir(target: Path, fingerprint: str, shard_size: int = DEFAULT_SHARD_SI
     return target.parent / f".{target.stem}.shards-{fingerprint[:16]}-{shard_size}"
 
 
-def failed_episode(row: pd.Series, sample_idx: int, policy_id: str, error: BaseException) -> Trajectory:
+def failed_episode(row: pd.Series, sample_idx: int, policy_id: str, error: BaseException | str) -> Trajectory:
+    """A failed episode of problem ``row``: reward 0, no messages, ``extra.error`` and ``extra.failed``."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     return Trajectory(problem_id=str(row["problem_id"]), family=str(row.get("family", "")), spec=str(row.get("spec", "")),
                       difficulty=str(row.get("difficulty", "{}")), level=int(row.get("level", 0) or 0),
                       policy_id=policy_id, sample_idx=sample_idx, messages=[], tools=[], reward=0.0, success=False,
-                      turns=0, truncated=False,
-                      extra={"error": f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"})
+                      turns=0, truncated=False, extra={"error": " ".join(text.split())[:1000], "failed": True})
+
+
+def _stops_everything(exc: BaseException) -> bool:
+    """An error no other problem can get past (a rejected key, an endpoint that is down): the run
+    stops at once instead of recording every remaining problem as failed."""
+    return getattr(exc, "retryable", True) is False
+
+
+def failed_mask(df: pd.DataFrame) -> pd.Series:
+    """Per row of an episode table: True where the episode *failed* (the policy could not play it:
+    an endpoint that failed after its retries), i.e. ``extra.failed`` / ``extra.error`` is set. Such
+    rows are in a table only when ``error_budget`` accepted them; they say nothing about the policy
+    and are what the data gate must exclude."""
+    if "extra" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df["extra"].map(_row_failed).astype(bool)
+
+
+def _row_failed(extra: Any) -> bool:
+    try:
+        e = json.loads(extra) if isinstance(extra, str) else (extra or {})
+    except (TypeError, json.JSONDecodeError):
+        return False
+    return isinstance(e, dict) and bool(e.get("failed") or e.get("error"))
+
+
+def _key(df: pd.DataFrame) -> set[tuple[str, int]]:
+    return set(zip(df["problem_id"].astype(str), df["sample_idx"].astype(int), strict=True))
 
 
 def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int], list[Trajectory]], target: Path,
@@ -72,10 +108,20 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
                 error_budget: float = 0.0, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Any]]:
     """All episodes of ``problems`` as one trajectory frame, resuming from flushed shards.
 
-    ``run_chunk(rows, seed)`` runs ``samples`` episodes of each row. Returns the frame (ordered as the
-    problems) and counts ``{"shards", "shards_reused", "failed"}``. Raises :class:`EpisodesFailed`
-    past ``error_budget`` (a share of all episodes) after saving every shard that finished.
+    ``run_chunk(rows, seed)`` runs ``samples`` episodes of each row. Each shard runs once, as one
+    batch: its finished episodes are flushed (merged with those a previous run saved), its failed
+    ones (``extra.error``) are not, so a rerun plays only those, again as one batch. When the engine
+    raises, the episodes that had finished are still flushed; an error that stops everything
+    (``retryable = False``: a rejected key, the circuit breaker) is re-raised at once, any other
+    marks the shard's unfinished problems failed and the next shard runs.
+
+    Returns the frame (ordered as the problems) and counts ``{"shards", "shards_reused", "failed"}``.
+    Every failed episode is listed in :func:`apprentice.paths.failures_file` of ``target``. Raises
+    :class:`EpisodesFailed`, naming every failed problem, past ``error_budget`` (a share of all
+    episodes); under it, the failed rows stay in the frame, marked (:func:`failed_mask`).
     """
+    from apprentice.paths import failures_file
+
     check_writable(Path(target).parent)
     sdir = shard_dir(target, fingerprint, shard_size)
     sdir.mkdir(parents=True, exist_ok=True)
@@ -84,43 +130,47 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
     reused = 0
     n = len(problems)
     starts = list(range(0, n, max(1, shard_size)))
-    for i, start in enumerate(starts):
-        rows = problems.iloc[start:start + shard_size]
-        path = sdir / f"{i:05d}.parquet"
-        done = _load(path, len(rows) * samples)
-        if done is not None:
-            frames.append(done)
-            reused += 1
-            continue
-        if not any(sdir.glob(f"{i:05d}-*.parquet")):  # else it failed before: run only its missing problems
-            try:
-                df = trajectories_frame(run_chunk(rows, seed + i))
-                write_parquet(df, path)
-                frames.append(df)
+    try:
+        for i, start in enumerate(starts):
+            rows = problems.iloc[start:start + shard_size]
+            path = sdir / f"{i:05d}.parquet"
+            done = _load(path)
+            have = _key(done) if done is not None else set()
+            want = {(str(p), s) for p in rows["problem_id"] for s in range(samples)}
+            if want <= have:
+                frames.append(done)
+                reused += 1
                 continue
-            except Exception as e:  # noqa: BLE001 - isolate the failing problems, keep the others
-                print(f"shard {i + 1}/{len(starts)} failed ({type(e).__name__}: {e}); retrying its problems one "
-                      "by one", file=sys.stderr)
-        for j in range(len(rows)):
-            one = rows.iloc[j:j + 1]
-            ppath = sdir / f"{i:05d}-{j:04d}.parquet"
-            done = _load(ppath, samples)
-            if done is None:
-                try:
-                    done = trajectories_frame(run_chunk(one, seed + i))
-                    write_parquet(done, ppath)
-                except Exception as e:  # noqa: BLE001 - recorded as failed episodes with their error
-                    failed += [failed_episode(one.iloc[0], s, policy_id, e) for s in range(samples)]
-                    continue
-            frames.append(done)
+            todo = rows[[any((str(p), s) not in have for s in range(samples)) for p in rows["problem_id"]]]
+            try:
+                got = run_chunk(todo, seed + i)
+            except Exception as e:
+                saved = [t for t in _finished_before(e) if (t.problem_id, t.sample_idx) not in have]
+                if saved:  # what finished before the error is kept
+                    done = _flush(path, done, saved)
+                    have |= {(t.problem_id, t.sample_idx) for t in saved}
+                if _stops_everything(e):
+                    raise
+                got = [failed_episode(r, s, policy_id, e) for _, r in todo.iterrows() for s in range(samples)
+                       if (str(r["problem_id"]), s) not in have]
+            ok = [t for t in got if not t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
+            failed += [t for t in got if t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
+            if ok:
+                done = _flush(path, done, ok)
+            if done is not None:
+                frames.append(done)
+    finally:
+        _write_failures(failures_file(target), failed)
     total = n * samples
     if failed and len(failed) > error_budget * total:
-        first = failed[0].extra["error"]
         raise EpisodesFailed(
-            f"{len(failed)} of {total} episodes failed after retries (error budget {error_budget:.0%}): first error "
-            f"{first}; the {total - len(failed)} finished episodes are saved in {sdir} and a rerun runs only the "
-            "failed ones (raise the error budget to accept failures)")
+            f"{len(failed)} of {total} episodes failed after retries (error budget {error_budget:.0%}):\n"
+            f"{describe_failures(failed)}\nevery failure is listed in {failures_file(target)}; the "
+            f"{total - len(failed)} finished episodes are saved in {sdir} and a rerun plays only the failed ones "
+            "(raise the error budget to accept failures)")
     if failed:
+        print(f"accepted {len(failed)} failed of {total} episodes under the error budget ({error_budget:.0%}); "
+              f"they are marked failed (extra.failed) in the output:\n{describe_failures(failed)}", file=sys.stderr)
         frames.append(trajectories_frame(failed))
     out = pd.concat(frames, ignore_index=True) if frames else trajectories_frame([])
     order = {pid: k for k, pid in enumerate(problems["problem_id"].astype(str))}
@@ -129,14 +179,59 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
     return out, {"shards": len(starts), "shards_reused": reused, "failed": len(failed)}
 
 
-def _load(path: Path, rows: int) -> pd.DataFrame | None:
+#: failed problems named one per line in an error message; the rest are counted (all are in the file)
+MAX_NAMED = 50
+
+
+def describe_failures(failed: list[Trajectory]) -> str:
+    """One line per failed problem: id, family, level, how many of its samples failed, its last error."""
+    by_problem: dict[str, list[Trajectory]] = {}
+    for t in failed:
+        by_problem.setdefault(t.problem_id, []).append(t)
+    lines = []
+    for pid, ts in list(by_problem.items())[:MAX_NAMED]:
+        t = ts[-1]
+        samples = f", {len(ts)} samples" if len(ts) > 1 else ""
+        lines.append(f"  problem {pid} (family {t.family}, level {t.level}{samples}): {t.extra.get('error')}")
+    if len(by_problem) > MAX_NAMED:
+        lines.append(f"  ... and {len(by_problem) - MAX_NAMED} more problems")
+    return "\n".join(lines)
+
+
+def _write_failures(path: Path, failed: list[Trajectory]) -> None:
+    from apprentice.paths import atomic_path
+
+    if not failed:
+        path.unlink(missing_ok=True)
+        return
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps({"problem_id": t.problem_id, "family": t.family, "level": t.level,
+                                           "sample_idx": t.sample_idx, "error": t.extra.get("error")}) + "\n"
+                               for t in failed))
+
+
+def _finished_before(exc: BaseException) -> list[Trajectory]:
+    from apprentice.rollout import finished_before
+
+    return finished_before(exc)
+
+
+def _flush(path: Path, done: pd.DataFrame | None, new: list[Trajectory]) -> pd.DataFrame:
+    """The shard's saved episodes plus ``new``, written atomically; returns the merged frame."""
+    merged = trajectories_frame(new) if done is None else pd.concat([done, trajectories_frame(new)], ignore_index=True)
+    write_parquet(merged, path)
+    return merged
+
+
+def _load(path: Path) -> pd.DataFrame | None:
+    """The finished episodes a previous run flushed to ``path`` (None if none or unreadable)."""
     if not path.exists():
         return None
     try:
         df = pd.read_parquet(path)
     except Exception:  # noqa: BLE001 - a damaged shard is simply run again
         return None
-    return df if len(df) == rows else None
+    return df if len(df) else None
 
 
 def clear(target: Path, fingerprint: str, shard_size: int = DEFAULT_SHARD_SIZE) -> None:
@@ -147,10 +242,8 @@ def clear(target: Path, fingerprint: str, shard_size: int = DEFAULT_SHARD_SIZE) 
 def failures(df: pd.DataFrame) -> list[str]:
     """The errors of failed episodes in a frame ``run_sharded`` returned."""
     errs = []
-    for extra in df.get("extra", pd.Series(dtype=str)):
-        with __import__("contextlib").suppress(TypeError, json.JSONDecodeError):
-            if "error" in (e := json.loads(extra)):
-                errs.append(e["error"])
+    for extra in df.loc[failed_mask(df), "extra"]:
+        errs.append(str(json.loads(extra).get("error", "")))
     return errs
 
 

@@ -34,6 +34,20 @@ class StageFailed(RuntimeError):
     """A DVC stage exited non-zero; the message carries the tail of its output."""
 
 
+class StageNotRetryable(StageFailed):
+    """The stage failed for a reason a retry cannot fix (its error line ends with
+    :data:`apprentice.pipeline.NOT_RETRYABLE`: a rejected key, nothing listening): not retried."""
+
+    retryable = False
+
+
+def stage_failed(name: str, rc: int, tail: str) -> StageFailed:
+    """The exception for a failed stage: :class:`StageNotRetryable` when its own error says so."""
+    cls = StageNotRetryable if registry.NOT_RETRYABLE in tail else StageFailed
+    why = " (not retried: a retry cannot fix it)" if cls is StageNotRetryable else ""
+    return cls(f"stage {name} failed (exit {rc}){why}; last output:\n{tail}")
+
+
 @dataclass(frozen=True)
 class StageContext:
     repo: str  # the git/DVC repository (code lives here)
@@ -103,14 +117,14 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
     if ctx.parent_run_id is None:  # no lineage (e.g. prepare-base outside an iteration)
         rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, None))
         if rc:
-            raise StageFailed(f"stage {name} failed (exit {rc}); last output:\n{tail}")
+            raise stage_failed(name, rc, tail)
         return {"stage": name, "executed": executed, "wall_s": round(time.monotonic() - t0, 1)}
     with lineage.stage_run(ctx.parent_run_id, name, k or 0, ctx.profile) as run_id:
         rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, run_id))
         lineage.log_artifacts(run_id, spec.artifacts(at))
         if rc:
             lineage.set_tags(run_id, {"dvc.executed": str(executed), "error": tail[-4000:]})
-            raise StageFailed(f"stage {name} failed (exit {rc}); last output:\n{tail}")
+            raise stage_failed(name, rc, tail)
         result: dict[str, Any] = {}
         for f in spec.results(at):
             result.update(_flat_numbers(f, f"{f.stem}." if spec.models else ""))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Iterable
+from typing import Any
 
 from apprentice.envs.base import (
     DifficultyAxis,
@@ -31,7 +32,44 @@ from apprentice.envs.base import (
     trl_environment,
 )
 
-FAMILIES: dict[str, type[Environment]] = {}
+
+class UnknownFamily(KeyError, ValueError):
+    """A family name no registration path knows (a ``KeyError`` for dict users, a ``ValueError`` for
+    the config validators); its message names the known families and the fix."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class _Registry(dict[str, type[Environment]]):
+    """``FAMILIES``: a dict whose lookups of an unknown name go through :func:`resolve` (adapters on
+    first use, then installed entry points), so ``FAMILIES[name]``, ``name in FAMILIES`` and
+    ``FAMILIES.get(name)`` see a plugin family wherever a family name is resolved (the rollout engine,
+    the benchmark, evaluation, evolution, the gates) and not only where ``synth.families`` was read."""
+
+    def registered(self, family: str) -> bool:
+        """Whether ``family`` is registered already (the plain dict lookup: no loading, no recursion)."""
+        return dict.__contains__(self, family)
+
+    def __missing__(self, family: str) -> type[Environment]:
+        return resolve(family)
+
+    def __contains__(self, family: object) -> bool:
+        if self.registered(family):  # type: ignore[arg-type]
+            return True
+        if not isinstance(family, str):
+            return False
+        try:
+            resolve(family)
+        except (ValueError, ImportError):  # UnknownFamily, or an adapter name its library does not have
+            return False
+        return self.registered(family)
+
+    def get(self, family: str, default: Any = None) -> Any:
+        return self[family] if family in self else default  # noqa: SIM401 - dict.get would skip __missing__
+
+
+FAMILIES = _Registry()
 
 
 #: The protocol's names before tools were marked explicitly (a family written then defines these).
@@ -53,7 +91,8 @@ def register(cls: type[Environment]) -> type[Environment]:
 
 
 ENTRY_POINT_GROUP = "apprentice.envs"
-_entry_points_loaded = False
+#: entry points that failed to import, already reported (a broken unrelated plugin warns once)
+_loaded_entry_points: set[str] = set()
 
 
 def load_modules(modules: Iterable[str]) -> None:
@@ -66,38 +105,115 @@ def load_modules(modules: Iterable[str]) -> None:
                              "install it or put its folder on PYTHONPATH") from None
 
 
-def load_entry_points() -> list[str]:
+def load_entry_points(family: str | None = None) -> list[str]:
     """Register the families installed packages declare in the ``apprentice.envs`` entry-point group
-    (once per process); return the names of the entry points loaded."""
-    global _entry_points_loaded
+    that are not registered; return the names of the entry points loaded. Scanning the installed
+    distributions takes milliseconds and importing a loaded module is free, so this runs on every
+    lookup of an unknown family (a package installed, or put on ``sys.path``, after the first lookup is
+    still found). An entry point that cannot be imported raises when it is the one asked for
+    (``family``), and is otherwise skipped with a warning, so one broken plugin cannot hide the others."""
+    import logging
     from importlib.metadata import entry_points
 
-    if _entry_points_loaded:
-        return []
-    _entry_points_loaded = True
     names = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()  # a module registers itself on import; a class is registered here
-        if inspect.isclass(obj) and issubclass(obj, Environment) and obj.family not in FAMILIES:
+        if ep.name != family and FAMILIES.registered(ep.name):
+            continue
+        try:
+            obj = ep.load()  # a module registers itself on import; a class is registered here
+        except ImportError as e:
+            msg = (f"entry point '{ep.name} = {ep.value}' ({ENTRY_POINT_GROUP}) cannot be imported: {e}; "
+                   "reinstall its package or uninstall it")
+            if ep.name == family:
+                raise ImportError(msg) from None
+            if ep.value not in _loaded_entry_points:
+                _loaded_entry_points.add(ep.value)
+                logging.getLogger(__name__).warning(msg)
+            continue
+        if inspect.isclass(obj) and issubclass(obj, Environment) and not FAMILIES.registered(obj.family):
             register(obj)
         names.append(ep.name)
     return names
+
+
+def source_of(family: str) -> dict[str, str]:
+    """Where family ``family``'s code comes from, for fingerprints and DVC deps: ``{}`` for a built-in
+    or adapter family (the project's own code digest covers those), else ``{"module", "path",
+    "version", "source"}``: the top-level package (or module file) holding its class, the installed
+    distribution's name and version (``""`` for a module on ``PYTHONPATH``) and a SHA-256 of every
+    ``.py`` file under that path, so editing a plugin changes every fingerprint that includes it."""
+    cls = resolve(family)
+    top = cls.__module__.split(".")[0]
+    if top == "apprentice":
+        return {}
+    try:
+        return dict(_plugin_source(top))
+    except (ImportError, TypeError, OSError):  # a class defined in __main__ or a notebook: its own source
+        try:
+            text = inspect.getsource(cls)
+        except (TypeError, OSError):
+            text = ""
+        import hashlib
+
+        return {"module": cls.__module__, "path": "", "version": "", "metadata": "",
+                "source": hashlib.sha256(text.encode()).hexdigest()[:16]}
+
+
+def plugin_sources(families: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``{family: {module, version, source}}`` of every plugin family among ``families``, for the
+    stages' fingerprints (built-in and adapter families are covered by the project's code digest and
+    library versions, so they are left out and a fingerprint without plugins is unchanged)."""
+    out = {}
+    for fam in sorted({str(f) for f in families}):
+        src = source_of(fam)
+        if src:
+            out[fam] = {"module": src["module"], "version": src["version"], "source": src["source"]}
+    return out
+
+
+def _plugin_source(top: str) -> tuple[tuple[str, str], ...]:
+    import hashlib
+    import importlib.metadata as md
+    from pathlib import Path
+
+    mod = importlib.import_module(top)
+    if getattr(mod, "__file__", None) is None and getattr(mod, "__path__", None):  # a namespace package
+        path = Path(next(iter(mod.__path__)))
+    else:
+        origin = Path(inspect.getsourcefile(mod) or mod.__file__ or "")
+        if not origin.is_file():
+            raise OSError(f"no source file for {top}")
+        path = origin.parent if origin.name == "__init__.py" else origin
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(path.parent).as_posix().encode())
+        h.update(f.read_bytes())
+    dists = md.packages_distributions().get(top) or []
+    version, meta = "", ""
+    if dists:
+        dist = md.distribution(dists[0])
+        version = f"{dists[0]}=={dist.version}"
+        located = getattr(dist, "_path", None)  # the .dist-info folder (PathDistribution), if on disk
+        meta = str(Path(located) / "METADATA") if located and (Path(located) / "METADATA").is_file() else ""
+    return (("module", top), ("path", str(path)), ("version", version), ("metadata", meta),
+            ("source", h.hexdigest()[:16]))
 
 
 def resolve(family: str) -> type[Environment]:
     """The class of ``family``: a registered family, an adapter family (``rg_<dataset>``,
     ``toytext_*``) registered on first use, or one an installed package declares in the
     ``apprentice.envs`` entry-point group. Raises ``ValueError`` naming the known families and the fix."""
-    if family in FAMILIES:
+    if FAMILIES.registered(family):
         return FAMILIES[family]
     if family.startswith(("rg_", "toytext_")):
         from apprentice.envs.adapters import ensure
 
         return ensure(family)
-    load_entry_points()
-    if family in FAMILIES:
+    load_entry_points(family)
+    if FAMILIES.registered(family):
         return FAMILIES[family]
-    raise ValueError(f"unknown environment family '{family}'; known: {sorted(FAMILIES)} (plus "
+    raise UnknownFamily(f"unknown environment family '{family}'; known: {sorted(FAMILIES)} (plus "
                      "rg_<reasoning-gym dataset>, toytext_frozenlake, toytext_taxi). A family of your own: list "
                      f"its module in params.yaml envs.modules, or declare an '{ENTRY_POINT_GROUP}' entry point "
                      "in its package (README: Adding an environment)")
@@ -135,5 +251,5 @@ def _load_builtin() -> None:
 
 _load_builtin()
 
-__all__ = ["FAMILIES", "DifficultyAxis", "Environment", "ProblemSpec", "ToolCall", "env_for", "load_entry_points", "load_modules",
+__all__ = ["FAMILIES", "DifficultyAxis", "UnknownFamily", "plugin_sources", "source_of", "Environment", "ProblemSpec", "ToolCall", "env_for", "load_entry_points", "load_modules",
            "register", "replay", "resolve", "tool", "trl_environment"]

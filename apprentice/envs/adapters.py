@@ -116,7 +116,7 @@ def register_reasoning_gym(dataset: str, max_retries: int = 2) -> type[Environme
     from reasoning_gym import factory
 
     family = f"rg_{dataset}"
-    if family in FAMILIES:
+    if FAMILIES.registered(family):  # not ``in FAMILIES``: that resolves, i.e. calls this
         return FAMILIES[family]
     if dataset not in factory.DATASETS:
         raise ValueError(f"reasoning-gym has no dataset '{dataset}'; choose from {sorted(factory.DATASETS)}")
@@ -294,17 +294,19 @@ class TaxiEnv(ToyTextEnv):
 
 
 def register_toytext() -> list[type[Environment]]:
-    return [register(c) for c in (FrozenLakeEnv, TaxiEnv) if c.family not in FAMILIES]
+    return [register(c) for c in (FrozenLakeEnv, TaxiEnv) if not FAMILIES.registered(c.family)]
 
 
 def ensure(family: str) -> type[Environment]:
     """The class of ``family``, registering an adapter family (``rg_*``, ``toytext_*``) on first use."""
-    if family in FAMILIES:
+    if FAMILIES.registered(family):  # not ``in FAMILIES``: that resolves, which calls this
         return FAMILIES[family]
     if family.startswith("toytext_"):
         register_toytext()
     elif family.startswith("rg_"):
         register_reasoning_gym(family[3:])
-    if family not in FAMILIES:
-        raise ValueError(f"unknown environment family '{family}'; known: {sorted(FAMILIES)}")
+    if not FAMILIES.registered(family):
+        from apprentice.envs import UnknownFamily
+
+        raise UnknownFamily(f"unknown environment family '{family}'; known: {sorted(FAMILIES)}")
     return FAMILIES[family]

@@ -9,7 +9,15 @@ engine, evaluation and GRPO, so an environment is written once.
 
 Rules for subclasses (``python -m apprentice check-env FAMILY`` checks them):
   * class attributes: ``family`` (unique name), ``axes`` (the difficulty vector: named integer ranges),
-    ``system_prompt``; optionally ``evolution_directions``: ``{"horizon" | "state" | "harness":
+    ``system_prompt``;
+  * **the level contract**: ``generate(seed, level)`` takes its difficulty from ``sample_difficulty``,
+    which by default sets *every axis to* ``low + level`` (capped at ``high``); level 0 is the family's
+    easiest problem and each level up is no easier. So every axis must be *harder when larger*: an
+    axis that is easier when larger (spare turns, the largest allowed step, hints) makes higher levels
+    easier; name it the other way round (a budget *cut*: spare turns ``high - cut``) or override
+    ``sample_difficulty`` with a level table (``grid`` does). ``check-env`` fails a family whose axis
+    documented "more is easier" grows with the level, or whose higher level a reference agent (the
+    oracle wasting a quarter of its turns) solves more often (:func:`apprentice.envs.check.monotone_problems`); optionally ``evolution_directions``: ``{"horizon" | "state" | "harness":
     [(axis, +1 | -1), ...]}``, which axes to move (and which way) to make the family harder in each
     direction (:mod:`apprentice.envs.evolve`); required only for families in ``curriculum.evolve.families``;
   * the protocol the pipeline calls (public, so every caller uses it without reaching into privates):
@@ -169,8 +177,9 @@ class Environment:
     # ---- generation -------------------------------------------------------------------------
     @classmethod
     def sample_difficulty(cls, rng: random.Random, level: int | None = None) -> dict[str, int]:
-        """A difficulty vector: uniformly random within the axes, or a fixed ``level`` in [0, 1, ...]
-        interpolated between each axis's low and high (subclasses may override)."""
+        """A difficulty vector: uniformly random within the axes, or for a fixed ``level`` in [0, 1, ...]
+        every axis at ``low + level`` (capped at ``high``): the level contract (module docstring), which
+        needs every axis harder when larger. Override it with a level table when an axis is not."""
         out = {}
         for ax in cls.axes:
             out[ax.name] = rng.randint(ax.low, ax.high) if level is None else min(ax.high, ax.low + level)

@@ -9,8 +9,9 @@ call is an ``Error`` observation and never an exception, rewards stay in [0, 1],
 schemas are what a strict OpenAI-compatible server accepts. Before any episode it checks the class
 surface: at least one ``@tool``, every tool with typed arguments and a Google-style docstring
 documenting each under ``Args:``, and no public method that is neither a tool nor a protocol method
-(a forgotten ``@tool`` would otherwise be a method the model is never told about). Prints one line per
-check and the rendered schemas; returns the failures (empty = the family is usable).
+(a forgotten ``@tool`` would otherwise be a method the model is never told about). After the episodes
+it checks the level contract (:func:`monotone_problems`): a higher level is never easier. Prints one
+line per check and the rendered schemas; returns the failures (empty = the family is usable).
 """
 
 from __future__ import annotations
@@ -89,6 +90,60 @@ def _schema_problems(schemas: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+#: an axis whose doc says this is one where a larger value is easier
+_EASIER = re.compile(r"\b(more|higher|larger|bigger|greater)\b[^.;)]*\beasier\b", re.I)
+#: the per-turn mistake rate of the reference agent that measures a level (see :func:`noisy_success`)
+NOISE = 0.25
+#: how much easier (in reference success) a level may measure than the level below before it fails
+TOLERANCE = 0.05
+
+
+def noisy_success(oracle_calls: int, budget: int, p: float = NOISE) -> float:
+    """Chance that an agent which knows the solution but wastes each turn with probability ``p`` (a
+    call that changes nothing) finishes the ``oracle_calls`` calls within ``budget`` turns: at most
+    ``budget - oracle_calls`` wasted turns before the last needed call (negative binomial). It falls
+    with a longer horizon and with fewer spare turns, the two things every family's levels trade,
+    and needs no model: a cheap, deterministic yardstick for "higher level = harder"."""
+    from math import comb
+
+    spare = budget - oracle_calls
+    if oracle_calls <= 0 or spare < 0:
+        return 0.0 if spare < 0 else 1.0
+    return sum(comb(oracle_calls - 1 + k, k) * p ** k for k in range(spare + 1)) * (1 - p) ** oracle_calls
+
+
+def monotone_problems(cls: type[Environment], shape: dict[int, list[tuple[dict[str, int], int, int]]]) -> list[str]:
+    """The level contract: level L+1 is no easier than level L. Two checks over the specs ``generate``
+    made per level: an axis documented as easier when larger ("more is easier") must not grow with
+    the level, and the reference agent of :func:`noisy_success` must not succeed more often at the
+    higher level (by more than :data:`TOLERANCE`); e.g. a budget slack that rises with the level, or a
+    step size that shortens the solution, fail here."""
+    out: list[str] = []
+    levels = sorted(lv for lv, rows in shape.items() if rows)
+    mean_axis = {lv: {a.name: sum(d[a.name] for d, _, _ in shape[lv]) / len(shape[lv]) for a in cls.axes}
+                 for lv in levels}
+    for ax in cls.axes:
+        if not _EASIER.search(ax.doc or ""):
+            continue
+        for lo, hi in zip(levels, levels[1:], strict=False):
+            if mean_axis[hi][ax.name] > mean_axis[lo][ax.name]:
+                out.append(f"level contract: axis '{ax.name}' is easier when larger ({ax.doc!r}) but grows from "
+                           f"{mean_axis[lo][ax.name]:g} at level {lo} to {mean_axis[hi][ax.name]:g} at level {hi}; "
+                           "a higher level must be harder: flip the axis (e.g. a budget *cut* instead of a slack, "
+                           "so low + level is harder) or override sample_difficulty with a level table")
+                break
+    score = {lv: sum(noisy_success(n, b) for _, n, b in shape[lv]) / len(shape[lv]) for lv in levels}
+    calls = {lv: sum(n for _, n, _ in shape[lv]) / len(shape[lv]) for lv in levels}
+    spare = {lv: sum(b - n for _, n, b in shape[lv]) / len(shape[lv]) for lv in levels}
+    for lo, hi in zip(levels, levels[1:], strict=False):
+        if score[hi] > score[lo] + TOLERANCE:
+            out.append(f"level contract: level {hi} is easier than level {lo} (an agent erring on {NOISE:.0%} of its "
+                       f"turns succeeds {score[hi]:.0%} vs {score[lo]:.0%}; oracle calls {calls[lo]:.1f} -> "
+                       f"{calls[hi]:.1f}, spare turns {spare[lo]:.1f} -> {spare[hi]:.1f}): every axis is low + level, "
+                       "so each must be harder when larger (a longer solution, fewer spare turns)")
+    return out
+
+
 def _play(cls: type, spec: ProblemSpec) -> tuple[str, list[str], float, bool, int, int]:
     """(task, observations, reward, done, oracle calls, turn budget) of the oracle in a fresh instance."""
     env = cls()
@@ -149,6 +204,7 @@ def check_family(family: str, levels: Sequence[int] = (0, 1, 2), seeds: int = 3,
     echo(f"  axes: {', '.join(f'{a.name}[{a.low},{a.high}]' for a in cls.axes)}; "
          f"evolvable: {'yes ' + json.dumps(dirs) if dirs else 'no (no evolution_directions)'}")
 
+    shape: dict[int, list[tuple[dict[str, int], int, int]]] = {}  # level -> (difficulty, oracle calls, budget)
     for level in levels:
         turns, ok = [], 0
         for seed in range(seeds):
@@ -194,9 +250,12 @@ def check_family(family: str, levels: Sequence[int] = (0, 1, 2), seeds: int = 3,
                     if not str(o).lstrip().startswith("Error"):
                         fail(f"{where}: {what} gives {str(o)[:60]!r}; error observations must start with 'Error'")
             turns.append(n_calls)
+            shape.setdefault(level, []).append((dict(spec.difficulty), n_calls, budget))
             ok += 1
         mean = f"{sum(turns) / len(turns):.1f}" if turns else "-"
         echo(f"  level {level}: {ok}/{seeds} seeds pass, oracle turns {mean}")
+    for p in monotone_problems(cls, shape):
+        fail(p)
     echo("  tool schemas (what the model and an OpenAI-compatible server see):")
     for s in schemas:
         echo("    " + json.dumps(s, sort_keys=True))

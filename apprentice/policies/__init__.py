@@ -46,7 +46,7 @@ def make_policy(policy_cfg: PolicyConfig, default_model: str = "", *, root: str 
         kw = dict(api_key_env=policy_cfg.api_key_env, timeout=policy_cfg.timeout_s,
                   max_retries=policy_cfg.max_retries, temperature=policy_cfg.temperature,
                   top_p=policy_cfg.top_p, max_tokens=policy_cfg.max_new_tokens,
-                  concurrency=policy_cfg.batch_size)
+                  concurrency=policy_cfg.batch_size, circuit_breaker=policy_cfg.circuit_breaker)
         kw.update(overrides)
         return OpenAICompatiblePolicy(policy_cfg.base_url, model, **kw)
     raise ValueError(f"unknown policy kind {kind!r}; choose oracle, hf or openai")

@@ -24,10 +24,22 @@ class Turn:
     parse_error: str | None = None  # set when the model's output was not a valid tool call
     raw: str = ""  # raw decoded text, for debugging and for error observations
     extra: dict[str, Any] = field(default_factory=dict)
+    #: set when the policy could not produce this turn at all (an endpoint request that failed after
+    #: its retries): the engine ends that episode as *failed* with this error and plays the others on;
+    #: the shard runner does not keep it, so a rerun plays it again. Never contains a credential.
+    error: str | None = None
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
         return list(self.message.get("tool_calls") or [])
+
+
+class PolicyUnavailable(RuntimeError):
+    """The policy cannot serve any request (a rejected API key, nothing listening, an endpoint that
+    stopped answering): the rollout stops at once, and a retry of the stage cannot help, so the
+    orchestrator must not retry it (``retryable = False``, read by the CLI and the Prefect tasks)."""
+
+    retryable = False
 
 
 @runtime_checkable

@@ -1,13 +1,27 @@
 """Any OpenAI-compatible chat-completions endpoint as a policy (a hosted teacher, vLLM, llama.cpp,
 or ``python -m apprentice.serve``).
 
-Why hand-written on httpx instead of the ``openai`` SDK: we need four things the SDK hides or
+Why hand-written on httpx instead of the ``openai`` SDK: we need five things the SDK hides or
 would add a dependency for: our own bounded retry/backoff policy (429, 5xx, connection errors,
-``Retry-After``), tolerant parsing that turns a malformed tool call into ``Turn.parse_error``
-rather than an exception, a fallback for servers that return tool calls as ``<tool_call>`` text,
-and a guarantee that the API key never reaches a log line or an exception message.
+``Retry-After``, a 200 whose body is not the JSON it should be), tolerant parsing that turns a
+malformed tool call into ``Turn.parse_error`` rather than an exception, a fallback for servers that
+return tool calls as ``<tool_call>`` text, a circuit breaker shared by all requests, and a guarantee
+that the API key never reaches a log line or an exception message.
 
-A batch is sent as concurrent requests from a thread pool (one conversation per request).
+A batch is sent as concurrent requests from a thread pool (one conversation per request). Failures
+are handled per request, so one unlucky request never costs the batch:
+
+* transient (connection refused/reset, timeouts, 408/409/425/429/5xx, a truncated or non-JSON 200
+  body, a 200 without ``choices``): retried up to ``max_retries`` times with backoff (or the
+  server's ``Retry-After``); when they are spent, that conversation's :class:`Turn` carries
+  ``error`` and the engine ends only that episode as failed;
+* another 4xx (400, 413, 422: this request is wrong, e.g. too long): that turn fails at once;
+* permanent (401/403: the key; 404: the URL or model name) and the circuit breaker:
+  :class:`~apprentice.policies.base.PolicyUnavailable` is raised and the rollout stops. The breaker
+  opens after ``circuit_breaker`` *consecutive* connection failures or timeouts across all requests
+  (any answer from the server resets the count), so nothing listening, or a server that accepts and
+  never answers, is one clear error after about ``timeout x circuit_breaker / concurrency`` seconds,
+  not after every problem has spent its retries. Threads sleeping in a backoff wake up when it opens.
 """
 
 from __future__ import annotations
@@ -16,21 +30,80 @@ import json
 import logging
 import os
 import random
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 
-from apprentice.policies.base import Message, Turn
+from apprentice.policies.base import Message, PolicyUnavailable, Turn
 from apprentice.policies.toolcalls import OPEN, parse_assistant, render_assistant, tool_call
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+#: statuses that every later request would get too (the key, the URL or the model name is wrong)
+PERMANENT_STATUS = {401: "the API key was rejected: check the variable rollout.teacher.api_key_env names",
+                    403: "the API key may not use this model: check the key and rollout.teacher.model",
+                    404: "no such route or model: check rollout.teacher.base_url (ends in /v1) and "
+                         "rollout.teacher.model"}
+#: the longest wait a ``Retry-After`` header may ask for
+MAX_RETRY_AFTER_S = 120.0
 
 
 class PolicyHTTPError(RuntimeError):
-    """The endpoint failed (after retries, or with a non-retryable status). Never contains the key."""
+    """One request failed (after retries, or with a non-retryable status). Never contains the key."""
+
+
+class EndpointUnavailable(PolicyHTTPError, PolicyUnavailable):
+    """The endpoint cannot serve any request (a permanent status, or the circuit breaker opened)."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying (internal; its message is already redacted)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after_s(header: str | None) -> float | None:
+    """A ``Retry-After`` header (seconds or an HTTP date) as seconds to wait, capped; None if absent."""
+    text = (header or "").strip()
+    if not text:
+        return None
+    try:
+        wait = float(text)
+    except ValueError:
+        try:
+            wait = (parsedate_to_datetime(text) - datetime.now(UTC)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    return min(MAX_RETRY_AFTER_S, max(0.0, wait))
+
+
+class CircuitBreaker:
+    """Counts consecutive connection failures/timeouts across every request of one client; opens at
+    ``limit``. Opening sets :attr:`opened`, an event the backoff sleeps wait on, so they stop at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, int(limit))
+        self.opened = threading.Event()
+        self.reason = ""
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def failure(self, what: str) -> None:
+        with self._lock:
+            self._count += 1
+            if self._count >= self.limit and not self.opened.is_set():
+                self.reason = what
+                self.opened.set()
+
+    def success(self) -> None:
+        with self._lock:
+            self._count = 0
 
 
 def to_openai_messages(conversation: list[Message]) -> list[dict[str, Any]]:
@@ -109,6 +182,7 @@ class OpenAICompatiblePolicy:
         concurrency: int = 8,
         backoff_s: float = 0.5,
         policy_id: str | None = None,
+        circuit_breaker: int = 8,
     ) -> None:
         if not base_url:
             raise ValueError("OpenAICompatiblePolicy needs base_url, e.g. http://127.0.0.1:8000/v1 "
@@ -121,7 +195,9 @@ class OpenAICompatiblePolicy:
         self.policy_id = policy_id or f"openai:{model}"
         self._key = os.environ.get(api_key_env) or None
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
+                                    limits=httpx.Limits(max_connections=max(self.concurrency, 10)))
+        self.breaker = CircuitBreaker(circuit_breaker)
 
     def __repr__(self) -> str:  # the key is deliberately absent
         return f"OpenAICompatiblePolicy(base_url={self.base_url!r}, model={self.model!r})"
@@ -142,9 +218,19 @@ class OpenAICompatiblePolicy:
         if len(tools) != len(conversations):
             raise ValueError(f"got {len(conversations)} conversations but {len(tools)} tool lists")
         if len(conversations) == 1:
-            return [self._one(conversations[0], tools[0])]
+            return [self._turn(conversations[0], tools[0])]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
-            return list(pool.map(self._one, conversations, tools))
+            return list(pool.map(self._turn, conversations, tools))
+
+    def _turn(self, conversation: list[Message], tools: list[dict[str, Any]]) -> Turn:
+        """One conversation's turn; a request that failed for good becomes a Turn with ``error``
+        (only that episode fails), a :class:`PolicyUnavailable` stops the whole rollout."""
+        try:
+            return self._one(conversation, tools)
+        except EndpointUnavailable:
+            raise
+        except PolicyHTTPError as e:
+            return Turn(message={"role": "assistant", "content": ""}, error=str(e))
 
     def _one(self, conversation: list[Message], tools: list[dict[str, Any]]) -> Turn:
         body: dict[str, Any] = {
@@ -154,12 +240,7 @@ class OpenAICompatiblePolicy:
         if tools:
             body["tools"] = tools
         data = self._post("/chat/completions", body)
-        try:
-            choice = data["choices"][0]
-            raw_msg = choice["message"]
-        except (KeyError, IndexError, TypeError):
-            raise PolicyHTTPError(f"{self.base_url}/chat/completions returned no choices: "
-                                  f"{self._redact(json.dumps(data)[:300])}") from None
+        choice, raw_msg = data["choices"][0], data["choices"][0]["message"]  # checked by _post
         msg, err = parse_openai_message(raw_msg)
         usage = data.get("usage") or {}
         raw = raw_msg.get("content") or ""
@@ -170,33 +251,59 @@ class OpenAICompatiblePolicy:
                     completion_tokens=int(usage.get("completion_tokens") or 0), parse_error=err, raw=raw,
                     extra={"finish_reason": choice.get("finish_reason")})
 
+    def _unavailable(self) -> EndpointUnavailable:
+        return EndpointUnavailable(
+            f"{self.base_url} is unavailable: {self.breaker.limit} consecutive connection failures or timeouts "
+            f"(circuit breaker; last: {self.breaker.reason}); start the server or fix rollout.teacher.base_url, "
+            "or raise rollout.teacher.timeout_s if it is only slow")
+
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}{path}"
         last = ""
         for attempt in range(self.max_retries + 1):
-            retry_after: float | None = None
+            if self.breaker.opened.is_set():
+                raise self._unavailable()
             try:
-                r = self._client.post(path, json=body)
-            except httpx.TransportError as e:  # connect/read timeouts, refused, reset
-                last = self._redact(f"{type(e).__name__}: {e}")
-            else:
-                if r.status_code < 400:
-                    try:
-                        return r.json()
-                    except ValueError:
-                        raise PolicyHTTPError(f"{url} returned non-JSON ({r.status_code})") from None
-                snippet = self._redact(r.text[:300])
-                if r.status_code not in RETRY_STATUS:
-                    raise PolicyHTTPError(f"{url} answered {r.status_code}: {snippet} "
-                                          "(not retried; check model name, request and API key env var)")
-                last = f"HTTP {r.status_code}: {snippet}"
-                ra = r.headers.get("retry-after")
-                if ra and ra.replace(".", "", 1).isdigit():
-                    retry_after = float(ra)
+                return self._attempt(path, body)
+            except _Transient as e:
+                last, retry_after = str(e), e.retry_after
             if attempt < self.max_retries:
                 delay = retry_after if retry_after is not None else min(
                     30.0, self.backoff_s * 2 ** attempt * (1 + 0.1 * random.random()))
                 log.warning("POST %s failed (%s); retry %d/%d in %.2fs", url, last, attempt + 1,
                             self.max_retries, delay)
-                time.sleep(delay)
+                if self.breaker.opened.wait(delay):  # the breaker opened meanwhile: stop now
+                    raise self._unavailable()
+        if self.breaker.opened.is_set():
+            raise self._unavailable()
         raise PolicyHTTPError(f"{url} failed after {self.max_retries + 1} attempts; last error: {last}")
+
+    def _attempt(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One POST: the parsed body, or :class:`_Transient` (retry), :class:`PolicyHTTPError` (this
+        request is wrong) or :class:`EndpointUnavailable` (every request would fail)."""
+        url = f"{self.base_url}{path}"
+        try:
+            r = self._client.post(path, json=body)
+        except httpx.TransportError as e:  # connect/read timeouts, refused, reset, closed mid-answer
+            what = self._redact(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            self.breaker.failure(what)
+            raise _Transient(what) from None
+        self.breaker.success()  # the server answered: it is there
+        snippet = self._redact(" ".join(r.text[:300].split()))
+        if r.status_code < 400:
+            try:
+                data = r.json()
+                if not isinstance(data["choices"][0]["message"], dict):  # the shape every caller relies on
+                    raise TypeError("message is not an object")
+            except (ValueError, KeyError, IndexError, TypeError):
+                # a truncated or HTML body behind a proxy, or a 200 with an error object: transient
+                raise _Transient(f"HTTP {r.status_code} with a body that is not a chat completion: "
+                                 f"{snippet[:200]!r}") from None
+            return data
+        if r.status_code in PERMANENT_STATUS:
+            raise EndpointUnavailable(f"{url} answered {r.status_code}: {snippet} ({PERMANENT_STATUS[r.status_code]}; "
+                                      "not retried)")
+        if r.status_code not in RETRY_STATUS:
+            raise PolicyHTTPError(f"{url} answered {r.status_code}: {snippet} "
+                                  "(not retried; check the request: model name, max_new_tokens, prompt length)")
+        raise _Transient(f"HTTP {r.status_code}: {snippet}", retry_after_s(r.headers.get("retry-after")))

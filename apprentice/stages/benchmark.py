@@ -24,7 +24,7 @@ import pandas as pd
 
 from apprentice.config import Config
 from apprentice.dedupe import spec_content_key as content_key
-from apprentice.envs import FAMILIES
+from apprentice.envs import resolve
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
 from apprentice.trajectories import problems_frame, read_parquet, specs_of, write_parquet
@@ -49,7 +49,7 @@ def generate_unique(slots: Iterable[tuple[str, int, int]], taken: set[str], what
     """
     out = []
     for family, level, seed in slots:
-        gen = FAMILIES[family].generate
+        gen = resolve(family).generate
         for attempt in range(MAX_TRIES):
             spec = gen(seed if attempt == 0 else derive_seed(seed, "distinct", attempt), level)
             key = content_key(spec)

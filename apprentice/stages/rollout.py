@@ -4,8 +4,9 @@ Reads ``data/iter_k/problems.parquet``, builds the teacher from ``rollout.teache
 ``--policy oracle|base|sft|rl|student|<path>``), runs ``rollout.samples_per_problem`` episodes per
 problem with the batched engine and writes ``data/iter_k/teacher.parquet`` atomically.
 
-Resumable: the output carries a fingerprint of its inputs (problem specs, policy settings, model
-weights, seed) in its Parquet metadata; a rerun that finds a complete output with the same
+Resumable: the output carries a fingerprint of what determines its episodes (problem specs, the
+policy's model and sampling settings but not its URL, timeout or retries, model weights, seed, the
+code, a plugin family's version and source) in its Parquet metadata; a rerun that finds a complete output with the same
 fingerprint returns at once. The policy-resolution helpers here are shared with ``evaluate``.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from apprentice import codedeps, distributed, shards
+from apprentice import codedeps, distributed, envs, shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import summarize
 from apprentice.paths import Paths
@@ -107,9 +108,13 @@ def model_fingerprint(ref: str) -> str:
 
 
 def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, **settings: Any) -> str:
-    """What an episode table depends on. It is stored in the table (a DVC output), so it holds no
-    absolute path: a local model is named by its folder and identified by its content."""
-    policy = pol_cfg.model_dump()
+    """What an episode table depends on: what determines an episode (problems, model, sampling, chat
+    template, the code that plays it, a plugin family's package version and source hash), not how the
+    answers were fetched (``PolicyConfig.TRANSPORT``: URL, key variable, timeout, retries), so a rerun
+    with more retries or on another port resumes the finished shards. It is stored in the table (a DVC
+    output), so it holds no absolute path: a local model is named by its folder and identified by its
+    content."""
+    policy = pol_cfg.episode_settings()
     if pol_cfg.kind == "hf" and Path(pol_cfg.model).is_dir():
         policy["model"] = Path(pol_cfg.model).name
     doc = {
@@ -121,6 +126,8 @@ def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, **se
         # the code that plays the episodes (engine, policies, every environment) and library versions:
         # an edited environment must not leave a stale rollout behind (issue G)
         "code": codedeps.digest("apprentice.stages.rollout"),
+        # a plugin family's code lives outside the project: its version and source hash (issue O)
+        "plugins": envs.plugin_sources(problems["family"] if "family" in problems.columns else []),
         **settings,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

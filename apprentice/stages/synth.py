@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from apprentice import dedupe, trajectories
 from apprentice.config import Config
 from apprentice.curriculum import SAMPLER_SETTINGS, keep_predicted
-from apprentice.envs import FAMILIES, base, env_for
+from apprentice.envs import FAMILIES, base, env_for, plugin_sources
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
 from apprentice.trajectories import problems_frame, read_parquet, write_parquet
@@ -56,6 +56,8 @@ def fingerprint(cfg: Config, paths: Paths) -> str:
     blob: dict[str, Any] = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
                             "iteration": paths.iteration, "code": dict(sorted(code.items())),
                             "benchmark": _sha256(paths.benchmark) if paths.benchmark.exists() else None}
+    if plugins := plugin_sources(cfg.synth.families):  # a plugin's package version and whole source
+        blob["plugins"] = plugins
     if cfg.synth.sampler != "none":
         prev = previous_episodes(cfg, paths)
         blob["selection"] = {"curriculum": cfg.curriculum.model_dump(mode="json", include=set(SAMPLER_SETTINGS)),

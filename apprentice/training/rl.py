@@ -55,13 +55,9 @@ class CurriculumGRPOTrainer(GRPOTrainer):
 
 
 def environment_classes(families: Sequence[str]) -> dict[str, Any]:
-    from apprentice.envs import FAMILIES
+    from apprentice.envs import resolve
 
-    missing = sorted(set(families) - set(FAMILIES))
-    if missing:
-        raise ValueError(f"problems use environment families {missing} that are not registered; known: "
-                         f"{sorted(FAMILIES)} (apprentice/envs/__init__.py)")
-    return {f: FAMILIES[f] for f in sorted(set(families))}
+    return {f: resolve(f) for f in sorted(set(families))}  # resolve names the known families and the fix
 
 
 def build_dataset(problems: pd.DataFrame) -> Any:

@@ -30,7 +30,7 @@ def _readme_example() -> str:
 @pytest.fixture
 def families_snapshot(monkeypatch):
     saved = dict(FAMILIES)
-    monkeypatch.setattr(envs, "_entry_points_loaded", False)
+    monkeypatch.setattr(envs, "_loaded_entry_points", set())
     yield
     FAMILIES.clear()
     FAMILIES.update(saved)

@@ -11,21 +11,36 @@ from apprentice import shards
 from apprentice.config import Config
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths
+from apprentice.policies.base import Turn
 from apprentice.policies.oracle import OraclePolicy
 from apprentice.trajectories import problems_frame, write_parquet
 
 
 class FlakyEndpoint(OraclePolicy):
-    """The oracle, except that conversations about ``broken`` problems fail (as after the retries)."""
+    """The oracle, except that the turns of conversations about ``broken`` problems fail the way an
+    endpoint's request fails after its retries (``Turn.error``: only that episode fails)."""
 
     def __init__(self, broken: set[str]) -> None:
         self.broken, self.calls = broken, 0
 
     def act(self, conversations, *args, **kw):
         self.calls += len(conversations)
-        for conv in conversations:
-            if any(b in str(conv[1]["content"]) for b in self.broken):
-                raise ConnectionError("teacher endpoint: 503 after 3 retries")
+        turns = super().act(conversations, *args, **kw)
+        return [Turn(message={"role": "assistant", "content": ""}, error="teacher endpoint: 503 after 3 retries")
+                if any(b in str(conv[1]["content"]) for b in self.broken) else t
+                for conv, t in zip(conversations, turns, strict=True)]
+
+
+class CrashingPolicy(OraclePolicy):
+    """The oracle, except that ``act`` raises for any batch holding a ``broken`` problem (a bug)."""
+
+    def __init__(self, broken: set[str]) -> None:
+        self.broken, self.crashes = broken, 0
+
+    def act(self, conversations, *args, **kw):
+        if any(b in str(c[1]["content"]) for c in conversations for b in self.broken):
+            self.crashes += 1
+            raise RuntimeError("policy crashed")
         return super().act(conversations, *args, **kw)
 
 
@@ -57,11 +72,12 @@ def test_failed_requests_keep_finished_shards_and_a_rerun_runs_only_the_rest(tmp
     paths = Paths(tmp_path)
     df = _problems(paths)
     flaky = FlakyEndpoint({_unique_task(df, 4)})
-    with pytest.raises(shards.EpisodesFailed, match=r"1 of 6 episodes failed .*503 after 3 retries"):
+    with pytest.raises(shards.EpisodesFailed, match=r"(?s)1 of 6 episodes failed .*problem "
+                       rf"{df['problem_id'].iloc[4]} \(family grid, level 0\): teacher endpoint: 503 after 3 retries"):
         _run(paths, flaky, monkeypatch)
     assert not paths.teacher_trajectories.exists()
-    saved = list(tmp_path.glob("data/iter_1/.teacher.shards-*/*.parquet"))
-    assert len(saved) == 3  # shards 1-2 whole, shard 3's good problem on its own
+    saved = sorted(tmp_path.glob("data/iter_1/.teacher.shards-*/*.parquet"))
+    assert [len(pd.read_parquet(p)) for p in saved] == [2, 2, 1]  # shard 3 keeps its finished episode
 
     healthy = FlakyEndpoint(set())
     out = _run(paths, healthy, monkeypatch)
@@ -82,7 +98,18 @@ def test_error_budget_records_failed_episodes_with_their_error(tmp_path, monkeyp
     out = _run(paths, FlakyEndpoint({_unique_task(df, 0)}), monkeypatch, error_budget=0.2)
     table = pd.read_parquet(out["out"])
     assert len(table) == 6 and table["success"].sum() == 5
-    assert shards.failures(table) == ["ConnectionError: teacher endpoint: 503 after 3 retries"]
+    assert shards.failures(table) == ["teacher endpoint: 503 after 3 retries"]
+    assert list(shards.failed_mask(table)) == [True] + [False] * 5
+
+
+def test_a_crashing_batch_fails_its_problems_without_a_serial_replay(tmp_path, monkeypatch):
+    paths = Paths(tmp_path)
+    df = _problems(paths)
+    pol = CrashingPolicy({_unique_task(df, 4)})
+    with pytest.raises(shards.EpisodesFailed, match=r"(?s)2 of 6 episodes failed.*RuntimeError: policy crashed"):
+        _run(paths, pol, monkeypatch)
+    assert pol.crashes == 1  # shard 3's batch raised once: its problems were not replayed one by one
+    assert len(pd.read_parquet(next(tmp_path.glob("data/iter_1/.teacher.shards-*/00001.parquet")))) == 2
 
 
 def test_unwritable_output_fails_before_any_episode(tmp_path, monkeypatch):
