@@ -33,6 +33,10 @@ class Paths:
         except ValueError:
             return p.as_posix()  # outside the root (a user's model folder): only the path itself names it
 
+    def stage_log(self, stage: str) -> Path:
+        """A flow's full output of DVC stage ``stage`` (the failure block points here); git-ignored."""
+        return self.root / "logs" / f"{stage}.log"
+
     @property
     def data(self) -> Path:
         return self.root / "data" / f"iter_{self.iteration}"

@@ -41,7 +41,7 @@ from prefect import flow  # noqa: E402
 from apprentice import dvcgen, lineage, pipeline, runlock  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
 from apprentice.paths import Paths  # noqa: E402
-from tasks import parallel  # noqa: E402
+from tasks import failures, parallel  # noqa: E402
 from tasks._dvc import StageContext, stage_env  # noqa: E402
 from tasks.stages import stage_task  # noqa: E402
 
@@ -170,7 +170,10 @@ def _promotion_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flows.self_improve", description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="default", help="params profile: default or one in apprentice/profiles/")
+    p.add_argument("--debug", action="store_true", help="keep Prefect's tracebacks (also APPRENTICE_DEBUG=1)")
     args = p.parse_args(argv)
+    if not failures.debug_requested(args.debug):
+        failures.quiet_prefect()
     try:  # before Prefect starts its server: a second run leaves at once (the flow takes the lock itself)
         with runlock.hold(dvcgen.workdir(args.profile, REPO), args.profile):
             pass
@@ -180,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         self_improve(profile=args.profile)
     except Exception as e:  # the stage output above already shows the details
-        print(f"\nflow failed: {e.__class__.__name__}: {str(e)[-3000:]}", file=sys.stderr)
+        if isinstance(e, failures.StageFailed):
+            print(f"\nflow failed: {e}", file=sys.stderr)
+        else:
+            print(f"\nflow failed: {e.__class__.__name__}: {str(e)[-3000:]}", file=sys.stderr)
         return 1
     return 0
 

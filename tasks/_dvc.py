@@ -25,27 +25,12 @@ import yaml
 from apprentice import dvcgen, lineage
 from apprentice import pipeline as registry
 from apprentice.paths import Paths
+from tasks.failures import StageFailed, StageNotRetryable, stage_failed
+
+__all__ = ["StageContext", "StageFailed", "StageNotRetryable", "run_stage", "stage_env", "stage_failed"]
 
 #: Retries of the stages that talk to a teacher/policy (declared per stage in the registry).
 ROLLOUT_RETRIES = registry.ROLLOUT_RETRIES
-
-
-class StageFailed(RuntimeError):
-    """A DVC stage exited non-zero; the message carries the tail of its output."""
-
-
-class StageNotRetryable(StageFailed):
-    """The stage failed for a reason a retry cannot fix (its error line ends with
-    :data:`apprentice.pipeline.NOT_RETRYABLE`: a rejected key, nothing listening): not retried."""
-
-    retryable = False
-
-
-def stage_failed(name: str, rc: int, tail: str) -> StageFailed:
-    """The exception for a failed stage: :class:`StageNotRetryable` when its own error says so."""
-    cls = StageNotRetryable if registry.NOT_RETRYABLE in tail else StageFailed
-    why = " (not retried: a retry cannot fix it)" if cls is StageNotRetryable else ""
-    return cls(f"stage {name} failed (exit {rc}){why}; last output:\n{tail}")
 
 
 @dataclass(frozen=True)
@@ -67,19 +52,32 @@ def stage_env(repo: Path, run_id: str | None) -> dict[str, str]:
     return env
 
 
-def dvc_repro(targets: list[str], workdir: Path, env: dict[str, str]) -> tuple[int, str, bool]:
-    """``dvc repro --single-item *targets``, streaming its output; returns (rc, tail, executed)."""
+def dvc_repro(targets: list[str], workdir: Path, env: dict[str, str],
+              log: Path | None = None) -> tuple[int, str, bool]:
+    """``dvc repro --single-item *targets``, streaming its output (and into ``log``, whole);
+    returns (rc, tail, executed)."""
     proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", *targets], cwd=workdir,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    tail: deque[str] = deque(maxlen=60)
+    tail: deque[str] = deque(maxlen=400)
     executed = False
     assert proc.stdout is not None
-    for line in proc.stdout:
-        executed |= line.startswith("Running stage")
-        tail.append(line)
-        sys.stdout.write(line)  # straight to the console: stage progress bars are not log records
-        sys.stdout.flush()
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log or os.devnull, "w") as out:
+        for line in proc.stdout:
+            executed |= line.startswith("Running stage")
+            tail.append(line)
+            out.write(line)
+            sys.stdout.write(line)  # straight to the console: stage progress bars are not log records
+            sys.stdout.flush()
     return proc.wait(), "".join(tail), executed
+
+
+def _failure(name: str, rc: int, tail: str, targets: list[str], wd: Path, log: Path) -> StageFailed:
+    where = {"log": os.path.relpath(log, Path.cwd()) if log.is_relative_to(Path.cwd()) else str(log),
+             "workdir": "" if wd.resolve() == Path.cwd().resolve() else str(wd),
+             "rerun": "dvc repro --single-item " + " ".join(targets)}
+    return stage_failed(name, rc, tail, **where)
 
 
 def _flat_numbers(path: Path, prefix: str) -> dict[str, float]:
@@ -115,16 +113,16 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
     at = Paths(wd, k or 1)  # a once-stage (no iteration) writes nothing under iter_k
     t0 = time.monotonic()
     if ctx.parent_run_id is None:  # no lineage (e.g. prepare-base outside an iteration)
-        rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, None))
+        rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, None), at.stage_log(name))
         if rc:
-            raise stage_failed(name, rc, tail)
+            raise _failure(name, rc, tail, targets, wd, at.stage_log(name))
         return {"stage": name, "executed": executed, "wall_s": round(time.monotonic() - t0, 1)}
     with lineage.stage_run(ctx.parent_run_id, name, k or 0, ctx.profile) as run_id:
-        rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, run_id))
+        rc, tail, executed = dvc_repro(targets, wd, stage_env(repo, run_id), at.stage_log(name))
         lineage.log_artifacts(run_id, spec.artifacts(at))
         if rc:
             lineage.set_tags(run_id, {"dvc.executed": str(executed), "error": tail[-4000:]})
-            raise stage_failed(name, rc, tail)
+            raise _failure(name, rc, tail, targets, wd, at.stage_log(name))
         result: dict[str, Any] = {}
         for f in spec.results(at):
             result.update(_flat_numbers(f, f"{f.stem}." if spec.models else ""))

@@ -300,6 +300,6 @@ def test_cli_marks_permanent_failures_and_prefect_does_not_retry_them(tmp_path):
     tail = err.getvalue()
     assert isinstance(stage_failed("teacher-rollout-1", 1, tail), StageNotRetryable)
     assert not retryable(None, None, Failed(data=stage_failed("teacher-rollout-1", 1, tail)))
-    assert retryable(None, None, Failed(data=StageFailed("stage x failed (exit 1)")))
+    assert retryable(None, None, Failed(data=StageFailed("x", 1, "boom")))
     task = _task(pipeline.get("teacher-rollout"))
     assert task.retries == pipeline.ROLLOUT_RETRIES and task.retry_condition_fn is retryable
