@@ -47,9 +47,15 @@ def stage_env(repo: Path, run_id: str | None) -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(repo), env.get("PYTHONPATH", "")] if p)
     env.update(DVC_NO_ANALYTICS="1", DO_NOT_TRACK="true", MLFLOW_DISABLE_TELEMETRY="true")
+    env.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory's "experimental" notice, every RL run
     if run_id:
         env["MLFLOW_RUN_ID"] = run_id
     return env
+
+
+#: what ``dvc repro`` prints after each stage that tells nothing about the run itself
+_DVC_HINTS = re.compile(r"^(\s*$|Updating lock file|To track the changes with git|\s+git add |To enable auto staging|"
+                        r"\s+dvc config core\.autostage|Use `dvc push` to send)")
 
 
 def dvc_repro(targets: list[str], workdir: Path, env: dict[str, str],
@@ -68,6 +74,8 @@ def dvc_repro(targets: list[str], workdir: Path, env: dict[str, str],
             executed |= line.startswith("Running stage")
             tail.append(line)
             out.write(line)
+            if _DVC_HINTS.match(line):
+                continue  # DVC's git hints after every stage: noise on a normal run (kept in the log)
             sys.stdout.write(line)  # straight to the console: stage progress bars are not log records
             sys.stdout.flush()
     return proc.wait(), "".join(tail), executed
