@@ -79,7 +79,7 @@ def ray_cluster():
 #: Test files that run the whole pipeline, in the order they start: each holds a worker for minutes, so
 #: they go first and every other file packs in beside them. Files sharing a session fixture (the slow
 #: suite's deployed run, the Ray cluster) form one scope, so the fixture is built once, on one worker.
-_FIRST = ("tests/integration/test_pipeline.py", "tests/slow/")
+_FIRST = ("tests/integration/test_pipeline.py", "tests/slow/", "tests/newcomer/")
 _SCOPES = {"tests/slow/": "deployed-run", "tests/integration/test_ray_": "ray-cluster"}
 
 
