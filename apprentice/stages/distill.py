@@ -103,7 +103,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
     if d.prompt_source in ("trajectories", "both"):
         rows += trajectory_prompts(read_parquet(paths.sft_data))
     info = {k: result[k] for k in ("student_params", "teacher_params", "param_ratio")}
-    info["teacher"] = str(teacher_dir)
+    info["teacher"] = paths.rel(teacher_dir)  # relative: student.json is inside a DVC-tracked output
     if d.max_steps > 0:
         result.update(train_distill(student_model, teacher, tok, rows, paths.student_model, d, dtype=cfg.model.dtype,
                                     stamp=stamp, callbacks=callbacks or [], apprentice_cfg=cfg,
