@@ -237,9 +237,10 @@ def _episode_ok(series: pd.Series, spec: Mapping[str, Any], df: pd.DataFrame) ->
 
 
 def _replay_ok(series: pd.Series, spec: Mapping[str, Any], df: pd.DataFrame) -> pd.Series:
-    """The recorded ``success`` and every tool observation are what a fresh environment gives (a spec
-    the environment cannot replay counts as not replayed)."""
-    return _episode_ok(series, {**spec, "audit": ["replay", "spec"]}, df)
+    """The recorded ``success`` and every tool observation are what a fresh environment gives (a
+    transcript that cannot be replayed to its end, for its spec, messages or protocol, counts as not
+    replayed)."""
+    return _episode_ok(series, {**spec, "audit": ["replay", "spec", "env_messages", "protocol"]}, df)
 
 
 def _spec_valid_ok(series: pd.Series, spec: Mapping[str, Any], df: pd.DataFrame) -> pd.Series:
@@ -513,12 +514,15 @@ def _secrets(plan: Sequence[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+#: the keys a chat message has (OpenAI / HF shape); any other key's name is scanned like its text
+_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "name", "tool_call_id", "reasoning_content", "refusal"})
 _ORACLE_WORDS = re.compile(r"oracle[ _-]?plan|privileged (plan|context|solution)|hidden answer", re.I)
 
 
 def _privileged(m: Mapping[str, Any], i: int, secrets: Sequence[str], seen: str) -> str:
     """An assistant message that states an oracle value not shown yet, or names the oracle's plan."""
-    text = " ".join(s for _, s in _strings({k: v for k, v in m.items() if k not in ("tool_calls", "role")}))
+    rest = {k: v for k, v in m.items() if k not in ("tool_calls", "role")}
+    text = " ".join([*(str(k) for k in rest if k not in _MESSAGE_KEYS), *(s for _, s in _strings(rest))])
     if hit := _ORACLE_WORDS.search(text):
         return f"message {i + 1} (assistant) mentions {hit.group()!r}"
     low, seen_n = _norm(text), _norm(seen)
@@ -1006,10 +1010,10 @@ def render_html(results: Sequence[GateResult], title: str, excluded: Sequence[Ma
                      + (f"{n_fail} of them fail the gate (the transcript contradicts the environment or the "
                         "config); the others are excluded and the gate still passes. " if n_fail else "")
                      + "; ".join(f"{html.escape(k)}: {v}" for k, v in counts.items())
-                     + "</p><table><tr><th>problem id</th><th>sample</th><th>check</th><th>effect</th>"
+                     + "</p><table><tr><th>episode (problem id / sample)</th><th>check</th><th>effect</th>"
                      "<th>reason</th></tr>")
-        parts.extend(f"<tr><td><code>{html.escape(str(e.get('problem_id')))}</code></td>"
-                     f"<td>{html.escape(str(e.get('sample_idx')))}</td><td>{html.escape(str(e.get('check', '')))}</td>"
+        parts.extend(f"<tr><td><code>{html.escape(episode_name(e.get('problem_id'), e.get('sample_idx')))}</code></td>"
+                     f"<td>{html.escape(str(e.get('check', '')))}</td>"
                      f"<td class='{'FAIL' if e.get('effect') == 'fails the gate' else ''}'>"
                      f"{html.escape(str(e.get('effect', 'excluded')))}</td>"
                      f"<td>{html.escape(str(e.get('reason')))}</td></tr>"
