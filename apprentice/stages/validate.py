@@ -15,6 +15,28 @@ id; the SFT set has zero tolerance for malformed turns, invalid calls, error obs
 over-long messages, and every episode it leaves out is counted and listed with its reason in the
 report. A missing column fails the gate naming it; it never crashes the stage.
 
+Round 2 (issue N): every episode is audited in a fresh environment
+(:func:`apprentice.gates.audit_episode`, the checks in :data:`apprentice.gates.EPISODE_CHECKS`), and
+each rejection names the episode (``<problem id>/sample <k>``) and the check, in the CLI output and in
+``gate.html``. Which checks fail the gate and which only exclude is decided by one question: can an
+honest rollout record it?
+
+* **fail the gate** (the transcript contradicts the environment or the config; no rollout the engine
+  ran writes it): a spec the environment does not accept (unknown family, an ``Infinity`` seed, an
+  axis out of range: a named failure, never an exception); a system prompt, task text or format
+  feedback the environment does not render; a broken call/result protocol; an observation or success
+  the replay does not give; a reward that is not the replayed one or disagrees with success; a
+  ``sample_idx`` past ``rollout.samples_per_problem`` or a second copy of an episode; a family the
+  config does not allow (``synth.families`` plus registered plugin families, never "whatever the data
+  holds"); a task text equal to a held-out one once case, whitespace and punctuation are dropped;
+  rollout failures past ``rollout.error_budget``.
+* **exclude from the SFT set, gate passes** (an honest teacher can produce it; training must not):
+  not a success, truncated, malformed turns, invalid calls, over-long messages; control characters,
+  ANSI escapes, NUL, lone surrogates or mojibake in any message; an action using what no earlier
+  observation showed (the environment judges: ``Environment.ungrounded``); an assistant turn stating
+  the oracle plan or a hidden answer before it was shown; a call of the terminal turn left without a
+  result; and rows the rollout marked failed under ``rollout.error_budget`` (issue O, item 5).
+
 The previous ``sft.parquet`` is removed before anything is checked (as ``dvc repro`` does), so a
 failed gate in the plain CLI leaves no SFT set behind; ``gate.json`` records the SHA-256 of the
 set it passed, and ``sft``/``distill`` refuse data without that record
