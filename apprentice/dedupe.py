@@ -30,6 +30,25 @@ def normalise_text(text: str) -> str:
     return _WS.sub(" ", str(text)).strip().casefold()
 
 
+_NOT_WORD = re.compile(r"[\W_]+")
+
+
+def task_key(text: str) -> str:
+    """The task text reduced to its words: Unicode NFKC, case-folded, every run of punctuation and
+    whitespace one space. A benchmark task copied into training with its case, spacing or
+    punctuation changed has the same key (the gate's contamination check)."""
+    import unicodedata
+
+    return _NOT_WORD.sub(" ", unicodedata.normalize("NFKC", str(text)).casefold()).strip()
+
+
+def spec_task_key(spec: ProblemSpec) -> str:
+    """:func:`task_key` of the task a fresh environment renders for ``spec``."""
+    from apprentice.envs import resolve
+
+    return task_key(resolve(spec.family)().reset(spec=spec))
+
+
 def spec_content_key(spec: ProblemSpec) -> str:
     """SHA-256 (16 hex) of the normalised task text and the oracle plan of a freshly reset episode."""
     from apprentice.envs import resolve

@@ -42,7 +42,9 @@ Rules for subclasses (``python -m apprentice check-env FAMILY`` checks them):
   * determinism: all randomness comes from ``spec.rng()`` (or seeds derived from ``spec.seed``);
     third-party generators (NumPy, gymnasium, reasoning-gym) get a seed derived from the spec, never
     the global RNG, so the same spec gives the same bytes in every process;
-  * ``reset`` rebuilds *all* state: TRL pools and reuses instances.
+  * ``reset`` rebuilds *all* state: TRL pools and reuses instances;
+  * optionally ``ungrounded(call, seen) -> str``: why a call refers to something no earlier
+    observation showed (the data gate's "legal given only what was observed" check).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class DifficultyAxis:
 _TOOL_MARK = "__apprentice_tool__"
 #: the public instance methods of the protocol (not tools); check-env flags any other public method
 #: that is not a tool
-PROTOCOL_METHODS = frozenset({"reset", "get_reward", "build", "oracle", "turn_budget", "execute"})
+PROTOCOL_METHODS = frozenset({"reset", "get_reward", "build", "oracle", "turn_budget", "execute", "ungrounded"})
 
 
 def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -235,6 +237,18 @@ class Environment:
     def turn_budget(self) -> int:
         """Max assistant turns for this episode (from the difficulty vector, >= len(oracle))."""
         raise NotImplementedError
+
+    def ungrounded(self, call: ToolCall, seen: str) -> str:
+        """Why ``call`` uses something the agent was never shown ("" when it could have made it).
+
+        ``seen`` is everything the agent had read before the call: the system prompt, the tool
+        schemas, the task and every earlier observation. The data gate replays each teacher episode
+        through this before every call, so a teacher acting on what only the oracle knows (opening an
+        article no result named, using an id no observation gave) is caught even when the action
+        itself succeeds. Optional: the default judges nothing; a family whose tools take references
+        to things the agent must first discover overrides it (``search``, ``store``, ``shell`` do).
+        """
+        return ""
 
     # ---- helpers shared by all families ------------------------------------------------------
     @classmethod

@@ -218,6 +218,18 @@ class SearchEnv(Environment):
     def turn_budget(self) -> int:
         return self._budget
 
+    def ungrounded(self, call: ToolCall, seen: str) -> str:
+        """``open`` and ``answer`` take names: each must come from the question or an earlier
+        result or article (a teacher that opens the oracle's next title unseen is guessing or cheating)."""
+        if call.name not in ("open", "answer"):
+            return ""
+        arg = call.arguments.get("title" if call.name == "open" else "text")
+        shown = set(words(seen))
+        missing = [w for w in words(arg) if w not in shown and w not in STOPWORDS]
+        if missing:
+            return f"{call.name}({clip(arg)}) names {missing[0]!r}, which no earlier observation showed"
+        return ""
+
     def _search(self, query: str) -> list[str]:
         q = [w for w in dict.fromkeys(words(query)) if w not in STOPWORDS]
         scored = [(-len(self._doc_words[t].intersection(q)), t) for t in self._docs]

@@ -281,6 +281,16 @@ class ShellEnv(Environment):
     def turn_budget(self) -> int:
         return self._budget
 
+    def ungrounded(self, call: ToolCall, seen: str) -> str:
+        """``read_file`` must name a file the task listed or an earlier command showed."""
+        if call.name != "read_file":
+            return ""
+        path = as_text(call.arguments.get("path")).strip()
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if name and name not in seen:
+            return f"read_file({clip(path)}) names a file no earlier observation showed"
+        return ""
+
     def _sandbox(self) -> Sandbox:
         if self._box is None:
             self._box = Sandbox()

@@ -31,6 +31,7 @@ world rather than replacing it, which is what "evolving an environment" should m
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 from typing import Any, ClassVar
 
@@ -336,6 +337,17 @@ class StoreEnv(Environment):
 
     def turn_budget(self) -> int:
         return len(self._plan) + 3
+
+    def ungrounded(self, call: ToolCall, seen: str) -> str:
+        """Every id argument must have been shown (``#<id>``) by the task or an earlier look-up: the
+        ids are what the look-up tools exist to find."""
+        shown = set(re.findall(r"#(\d+)", seen))
+        for key in ("product_id", "customer_id", "order_id"):
+            if key in call.arguments:
+                v = _as_int(call.arguments[key])
+                if v is not None and str(v) not in shown:
+                    return f"{call.name}({key}={v}) uses an id no earlier observation showed"
+        return ""
 
     # ---- observation helpers ------------------------------------------------------------------
     def _err(self, text: str, hint: str = "") -> str:

@@ -17,13 +17,14 @@ not only its id; the benchmark itself holds no two problems with the same conten
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from typing import Any
 
 import pandas as pd
 
 from apprentice.config import Config
 from apprentice.dedupe import spec_content_key as content_key
+from apprentice.dedupe import spec_task_key
 from apprentice.envs import resolve
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
@@ -41,8 +42,12 @@ def plan(cfg: Config) -> list[tuple[str, int, int]]:
             for i in range(cfg.benchmark.n)]
 
 
-def generate_unique(slots: Iterable[tuple[str, int, int]], taken: set[str], what: str) -> list[ProblemSpec]:
-    """One problem per (family, level, seed) slot whose content key is not in ``taken`` (updated).
+def generate_unique(slots: Iterable[tuple[str, int, int]], taken: set[str], what: str,
+                    forbidden_tasks: Set[str] = frozenset()) -> list[ProblemSpec]:
+    """One problem per (family, level, seed) slot whose content key is not in ``taken`` (updated)
+    and whose normalised task text (:func:`apprentice.dedupe.task_key`) is not in ``forbidden_tasks``
+    (the benchmark's, for training: the same first observation with another plan is still the
+    benchmark's task to the model, and the data gate rejects it).
 
     A slot whose first seed collides tries seeds derived from it (deterministic, so the same config
     still gives the same problems). Raises ``ValueError`` when a level has too few distinct problems.
@@ -53,7 +58,7 @@ def generate_unique(slots: Iterable[tuple[str, int, int]], taken: set[str], what
         for attempt in range(MAX_TRIES):
             spec = gen(seed if attempt == 0 else derive_seed(seed, "distinct", attempt), level)
             key = content_key(spec)
-            if key not in taken:
+            if key not in taken and not (forbidden_tasks and spec_task_key(spec) in forbidden_tasks):
                 taken.add(key)
                 out.append(spec)
                 break
@@ -67,6 +72,11 @@ def generate_unique(slots: Iterable[tuple[str, int, int]], taken: set[str], what
 
 def content_keys(df: pd.DataFrame) -> set[str]:
     return {content_key(s) for s in specs_of(df)}
+
+
+def task_keys(df: pd.DataFrame) -> set[str]:
+    """Normalised task texts of a problems table (what synthesis keeps training away from)."""
+    return {spec_task_key(s) for s in specs_of(df)}
 
 
 def require(paths: Paths) -> pd.DataFrame:

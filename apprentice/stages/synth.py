@@ -160,10 +160,11 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     jobs = plan(cfg, paths.iteration, "train", n_train)
     taken = benchmark.content_keys(held)  # training never repeats a benchmark problem's content
     n_held = len(taken)
+    held_tasks = benchmark.task_keys(held)  # nor its task text (case, spacing, punctuation aside)
     with tqdm(total=len(jobs), desc=f"synth iter {paths.iteration}", unit="problem") as bar:
         specs: list[ProblemSpec] = []
         for job in jobs:
-            specs += benchmark.generate_unique([job], taken, f"synth iteration {paths.iteration}")
+            specs += benchmark.generate_unique([job], taken, f"synth iteration {paths.iteration}", held_tasks)
             bar.update()
 
     selection: dict[str, Any] = {}

@@ -15,6 +15,28 @@ id; the SFT set has zero tolerance for malformed turns, invalid calls, error obs
 over-long messages, and every episode it leaves out is counted and listed with its reason in the
 report. A missing column fails the gate naming it; it never crashes the stage.
 
+Round 2 (issue N): every episode is audited in a fresh environment
+(:func:`apprentice.gates.audit_episode`, the checks in :data:`apprentice.gates.EPISODE_CHECKS`), and
+each rejection names the episode (``<problem id>/sample <k>``) and the check, in the CLI output and in
+``gate.html``. Which checks fail the gate and which only exclude is decided by one question: can an
+honest rollout record it?
+
+* **fail the gate** (the transcript contradicts the environment or the config; no rollout the engine
+  ran writes it): a spec the environment does not accept (unknown family, an ``Infinity`` seed, an
+  axis out of range: a named failure, never an exception); a system prompt, task text or format
+  feedback the environment does not render; a broken call/result protocol; an observation or success
+  the replay does not give; a reward that is not the replayed one or disagrees with success; a
+  ``sample_idx`` past ``rollout.samples_per_problem`` or a second copy of an episode; a family the
+  config does not allow (``synth.families`` plus registered plugin families, never "whatever the data
+  holds"); a task text equal to a held-out one once case, whitespace and punctuation are dropped;
+  rollout failures past ``rollout.error_budget``.
+* **exclude from the SFT set, gate passes** (an honest teacher can produce it; training must not):
+  not a success, truncated, malformed turns, invalid calls, over-long messages; control characters,
+  ANSI escapes, NUL, lone surrogates or mojibake in any message; an action using what no earlier
+  observation showed (the environment judges: ``Environment.ungrounded``); an assistant turn stating
+  the oracle plan or a hidden answer before it was shown; a call of the terminal turn left without a
+  result; and rows the rollout marked failed under ``rollout.error_budget`` (issue O, item 5).
+
 The previous ``sft.parquet`` is removed before anything is checked (as ``dvc repro`` does), so a
 failed gate in the plain CLI leaves no SFT set behind; ``gate.json`` records the SHA-256 of the
 set it passed, and ``sft``/``distill`` refuse data without that record
@@ -46,19 +68,33 @@ def _ids(df: pd.DataFrame) -> list[str]:
     return sorted(df["problem_id"].dropna().astype(str).unique()) if "problem_id" in df.columns else []
 
 
-def _families(*frames: pd.DataFrame) -> list[str]:
-    """Family names in ``frames`` that resolve to an environment (the suites flag the others by name)."""
-    from apprentice.envs import resolve
+def allowed_families(names: list[str]) -> list[str]:
+    """The families the config allows: ``names`` (``synth.families`` or the benchmark's), each through
+    the environment registry, plus every family a plugin registered (``envs.modules``, or an installed
+    package's ``apprentice.envs`` entry point). Not the families the data happens to hold: a row of a
+    built-in family the config does not train on fails the gate by name."""
+    from apprentice.envs import FAMILIES, load_entry_points, resolve
 
-    names = {str(f) for df in frames if "family" in df.columns for f in df["family"].dropna().unique()}
-    known = []
-    for f in sorted(names):
+    allowed = {resolve(f).family for f in names}
+    load_entry_points()
+    allowed |= {name for name, cls in FAMILIES.items() if not cls.__module__.startswith("apprentice.")}
+    return sorted(allowed)
+
+
+def _task_keys(df: pd.DataFrame) -> list[str]:
+    """Normalised task texts of a held-out table's buildable problems (contamination by wording)."""
+    from apprentice.dedupe import spec_task_key
+    from apprentice.envs.base import ProblemSpec
+
+    out = []
+    for s in df["spec"] if "spec" in df.columns else []:
+        if gates.spec_problem(s):
+            continue
         try:
-            resolve(f)
-            known.append(f)
-        except (ValueError, ImportError):
-            pass
-    return known
+            out.append(spec_task_key(ProblemSpec.from_json(str(s))))
+        except Exception:  # noqa: BLE001 - the problems suite reports a spec that does not build
+            continue
+    return out
 
 
 def _content_keys(df: pd.DataFrame) -> list[str]:
@@ -67,6 +103,8 @@ def _content_keys(df: pd.DataFrame) -> list[str]:
 
     out = []
     for s in df["spec"] if "spec" in df.columns else []:
+        if gates.spec_problem(s):
+            continue
         try:
             out.append(content_key(str(s)))
         except Exception:  # noqa: BLE001 - the problems suite reports a spec that does not build
@@ -75,13 +113,12 @@ def _content_keys(df: pd.DataFrame) -> list[str]:
 
 
 def select_sft(teacher: pd.DataFrame, success_only: bool, max_message_chars: int) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """The SFT set and the excluded episodes (``problem_id``, ``sample_idx``, ``reason``), in row order."""
-    reasons = gates.sft_exclusions(teacher, success_only, max_message_chars)
-    keep = [not r for r in reasons]
-    excluded = [{"problem_id": str(row.get("problem_id")), "sample_idx": row.get("sample_idx"), "reason": r}
-                for row, r in zip(teacher.to_dict("records"), reasons, strict=True) if r]
+    """The SFT set and the excluded episodes (``problem_id``, ``sample_idx``, ``check``, ``effect``,
+    ``reason``: :func:`apprentice.gates.episode_rejections`), in row order."""
+    per_row = gates.row_rejections(teacher, success_only, max_message_chars)
+    keep = [r is None for r in per_row]
     sft = teacher[keep].reset_index(drop=True) if len(teacher) else teacher.copy()
-    return sft, excluded
+    return sft, [r for r in per_row if r is not None]
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
@@ -94,7 +131,9 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     held_out = [eval_problems]  # every held-out set (the benchmark) goes here: training must not repeat it
     eval_ids = sorted({i for df in held_out for i in _ids(df)})
     held_content = sorted({k for df in held_out for k in _content_keys(df)})
-    families = _families(problems, eval_problems, teacher)
+    train_families = allowed_families(cfg.synth.families)
+    eval_families = allowed_families(cfg.benchmark_families)
+    held_tasks = sorted({k for df in held_out for k in _task_keys(df)})
 
     sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
     # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
@@ -103,13 +142,16 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
 
     checks = [
         ("problems", problems, _rel(paths.problems, paths),
-         {"splits": ["train"], "forbidden_ids": eval_ids, "forbidden_content": held_content, "families": families}),
+         {"splits": ["train"], "forbidden_ids": eval_ids, "forbidden_content": held_content,
+          "forbidden_tasks": held_tasks, "families": train_families}),
         ("problems", eval_problems, _rel(paths.eval_problems, paths),
-         {"splits": ["eval", "test"], "forbidden_ids": [], "forbidden_content": [], "families": families}),
+         {"splits": ["eval", "test"], "forbidden_ids": [], "forbidden_content": [], "forbidden_tasks": [],
+          "families": eval_families}),
         ("trajectories", teacher, _rel(paths.teacher_trajectories, paths),
          {"max_truncation_rate": v.max_truncation_rate, "min_success_rate": v.min_success_rate,
-          "eval_problem_ids": eval_ids, "train_problem_ids": _ids(problems), "families": families,
-          "max_message_chars": v.max_message_chars}),
+          "eval_problem_ids": eval_ids, "train_problem_ids": _ids(problems), "families": train_families,
+          "max_message_chars": v.max_message_chars, "error_budget": cfg.rollout.error_budget,
+          "max_sample_idx": cfg.rollout.samples_per_problem - 1, "forbidden_tasks": held_tasks}),
         ("sft_data", sft, f"sft set (from {_rel(paths.teacher_trajectories, paths)})",
          {"allowed_success": [True] if v.success_only else [True, False], "eval_problem_ids": eval_ids,
           "max_message_chars": v.max_message_chars}),
@@ -126,7 +168,10 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     if excluded:
         counts = ", ".join(f"{k}: {n}" for k, n in gates.reason_counts(excluded).items())
         print(f"{len(excluded)} of {len(teacher)} teacher episodes excluded from the SFT set ({counts}); "
-              f"each is listed in {html_path}")
+              f"each is listed in {html_path}:")
+        for e in excluded:  # every rejection by name: the episode, the check, what it does to the gate
+            print(f"  {gates.episode_name(e['problem_id'], e['sample_idx'])} [{e['check']}, {e['effect']}] "
+                  f"{str(e['reason'])[:240]}")
     gates.raise_if_failed(results, html_path)
     return {"passed": True, "problems": len(problems), "eval_problems": len(eval_problems),
             "teacher_rows": len(teacher), "sft_rows": len(sft), "sft_excluded": len(excluded),

@@ -43,7 +43,7 @@ def test_public_functions_are_exactly_tools_and_the_protocol(cls):
     # TRL exposes every public function of the class it gets as a tool (grpo_trainer: getmembers(isfunction)):
     # it gets the facade, whose public functions are the @tool methods, reset and get_reward
     public = {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
-    assert public == TOOLS[cls] | {"reset", "get_reward", "build", "oracle", "turn_budget", "execute"}
+    assert public == TOOLS[cls] | {"reset", "get_reward", "build", "oracle", "turn_budget", "execute", "ungrounded"}
     assert set(cls.tool_names()) == TOOLS[cls]
     facade = trl_environment(cls)
     assert {n for n, _ in inspect.getmembers(facade, inspect.isfunction) if not n.startswith("_")} == (

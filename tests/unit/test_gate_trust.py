@@ -46,6 +46,12 @@ def _write(paths: Paths, problems, held, teacher) -> None:
     write_parquet(teacher, paths.teacher_trajectories)
 
 
+def _cfg_with(**rollout):
+    """params.yaml with ``rollout`` settings changed (the config is frozen)."""
+    cfg = _cfg()
+    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=rollout)})
+
+
 def _failed(summary: dict) -> dict[str, list[str]]:
     """(suite:table, expectation column) -> the problem ids the report lists for it."""
     out = {}
@@ -165,7 +171,7 @@ def test_excluded_episodes_are_counted_listed_and_never_trained_on(base, tmp_pat
     assert len(teacher) == 40
     _write(paths, train, held, teacher)
 
-    out = validate.run(_cfg(), paths)  # the teacher may err (3 in 40); the SFT set must not
+    out = validate.run(_cfg_with(samples_per_problem=5), paths)  # the teacher may err (3 in 40); the SFT set must not
     assert out["passed"] and out["sft_excluded"] == 4 and out["sft_rows"] == 36
     sft = pd.read_parquet(paths.sft_data)
     assert not ((sft["sample_idx"] == 0) & sft["problem_id"].isin(pid[:4])).any()
@@ -203,7 +209,7 @@ def test_sft_suite_has_zero_tolerance(base):
     res = gates.check(teacher, "sft_data", {"allowed_success": [True], "eval_problem_ids": [],
                                             "max_message_chars": 20000})
     bad = {c.kwargs["column"]: c for c in res.failed}
-    assert set(bad) == {"_tool_calls_ok", "_replay_ok"} and bad["_tool_calls_ok"].unexpected_count == 1
+    assert set(bad) == {"_tool_calls_ok", "_replay_ok", "_audit_ok"} and bad["_tool_calls_ok"].unexpected_count == 1
 
 
 def test_content_duplicates_found_across_and_within_sets(base):
