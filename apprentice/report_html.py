@@ -167,6 +167,18 @@ def trend(root: Path, upto: int) -> list[dict[str, Any]]:
     return out
 
 
+def _relative_store(ml: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A local store under the work dir named relative to it (``sqlite:///mlruns.db``), as the page's
+    ``mlflow ui`` command runs from there; a server URL or a store elsewhere is shown as it is."""
+    uri, here = str(ml.get("tracking_uri", "")), f"{Path(root).resolve()}/"
+    for scheme in ("sqlite:///", "file://", ""):
+        if uri.startswith(scheme + here):
+            rest = uri[len(scheme + here):]
+            ml["tracking_uri"] = f"sqlite:///{rest}" if scheme == "sqlite:///" else rest
+            break
+    return ml
+
+
 def collect(paths: Paths, mlflow_runs: Mapping[str, Any] | None = None, git_commit: str | None = None) -> dict[str, Any]:
     """Everything the page shows, as plain data (tests and other renderers can use it)."""
     params: dict[str, Any] = {}
@@ -174,7 +186,7 @@ def collect(paths: Paths, mlflow_runs: Mapping[str, Any] | None = None, git_comm
         params = yaml.safe_load((paths.root / "params.yaml").read_text()) or {}
     vcfg, pcfg = params.get("validate", {}) or {}, params.get("promote", {}) or {}
     return {
-        "iteration": paths.iteration, "root": str(paths.root),
+        "iteration": paths.iteration, "root": ".",  # the page is a DVC output: no clone-specific absolute path
         "profile": (params.get("pipeline", {}) or {}).get("profile", "default"),
         "generated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "evaluations": evaluations(paths), "curves": curves(paths),
@@ -182,7 +194,7 @@ def collect(paths: Paths, mlflow_runs: Mapping[str, Any] | None = None, git_comm
         "exclusions": exclusions(paths, bool(vcfg.get("success_only", True))),
         "promotion": _json(paths.promotion), "alpha": pcfg.get("alpha"),
         "trend": trend(paths.root, paths.iteration), "dvc": dvc_hashes(paths.root, paths.iteration),
-        "mlflow": dict(mlflow_runs or {}), "git_commit": git_commit or "unknown",
+        "mlflow": _relative_store(dict(mlflow_runs or {}), paths.root), "git_commit": git_commit or "unknown",
     }
 
 
@@ -405,7 +417,8 @@ def _trend(tr: list[dict[str, Any]]) -> str:
 
 def _lineage(data: dict[str, Any]) -> str:
     ml = data["mlflow"]
-    out = [f"<p>git commit <code>{_e(data['git_commit'])}</code>; work dir <code>{_e(data['root'])}</code></p>"]
+    out = [f"<p>git commit <code>{_e(data['git_commit'])}</code>; work dir: the folder holding this run's "
+           "<code>dvc.yaml</code> (paths below are relative to it)</p>"]
     if ml.get("stages"):
         uri = ml.get("tracking_uri", "")
         ui = ml.get("ui_url", "http://127.0.0.1:5000").rstrip("/")

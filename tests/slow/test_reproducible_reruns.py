@@ -1,5 +1,6 @@
-"""Seeded runs are reproducible at the DVC level: in a fresh clone of the deployed quick run, forcing
-iteration 1's data and training stages to run again writes the same bytes, so ``dvc.lock`` records the
+"""Seeded runs are reproducible at the DVC level: in a fresh clone of the deployed quick run (another
+folder), forcing the benchmark and iteration 1's data, training and distillation stages to run again writes
+the same bytes, so ``dvc.lock`` records the
 same hashes and ``dvc status`` stays clean. (The iteration report is left out on purpose: it names
 the MLflow runs and the git commit of the run it describes.)"""
 
@@ -16,7 +17,8 @@ pytestmark = slow_only()
 
 #: Seeded stages from problem synthesis to an evaluated SFT model: every kind of output (Parquet, gate
 #: records, weights, training metrics, evaluation tables).
-FORCED = ["synth-1", "teacher-rollout-1", "validate-1", "sft-1", "evaluate-1@sft"]  # a DVC matrix member
+FORCED = ["benchmark", "synth-1", "teacher-rollout-1", "validate-1", "sft-1", "evaluate-1@sft",  # a matrix member
+          "distill-1", "evaluate-1@student"]  # the student's folder once named its teacher's absolute path
 
 
 def _outs(lock: Path) -> dict[str, str]:
