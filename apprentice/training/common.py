@@ -375,6 +375,14 @@ def _file_digest(f: Path) -> str:
 #: Wall-clock fields of the per-step rows: kept out of the model folder (a DVC output) so that two
 #: seeded runs write identical bytes; they go to :func:`timings_path` (not an output), and to MLflow.
 WALL_CLOCK_KEYS = ("time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+#: suffixes of the wall-clock fields trainers add over versions (TRL 1.16's GRPO logs ``step_time``): a seeded
+#: run's metrics must not hold them, or its DVC-tracked model folder hashes differently every run
+_WALL_CLOCK_SUFFIXES = ("_time", "_runtime", "_per_second", "_seconds")
+
+
+def is_wall_clock(key: str) -> bool:
+    """Whether a logged field measures time (varies run to run): kept in ``.timings``, not in the metrics."""
+    return key in WALL_CLOCK_KEYS or key.endswith(_WALL_CLOCK_SUFFIXES) or key.startswith("timing/")
 
 
 def timings_path(final_dir: Path) -> Path:
@@ -387,10 +395,10 @@ def split_timings(src: Path, metrics_out: Path, timings_out: Path) -> None:
     """Copy ``src``'s rows to ``metrics_out`` without wall-clock fields, and those fields (with stage and
     step) to ``timings_out``."""
     rows = read_metrics(src)
-    metrics_out.write_text("".join(json.dumps({k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS}) + "\n"
+    metrics_out.write_text("".join(json.dumps({k: v for k, v in r.items() if not is_wall_clock(k)}) + "\n"
                                    for r in rows))
-    timed = [{"stage": r.get("stage"), "step": r.get("step"), **{k: r[k] for k in WALL_CLOCK_KEYS if k in r}}
-             for r in rows if any(k in r for k in WALL_CLOCK_KEYS)]
+    timed = [{"stage": r.get("stage"), "step": r.get("step"), **{k: v for k, v in r.items() if is_wall_clock(k)}}
+             for r in rows if any(is_wall_clock(k) for k in r)]
     timings_out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(timings_out) as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in timed))

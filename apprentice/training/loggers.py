@@ -41,10 +41,10 @@ from transformers.integrations import DVCLiveCallback
 from apprentice.curves import trim_dvclive
 from apprentice.paths import DVCLIVE_DIR
 from apprentice.progress import _fmt
-from apprentice.training.common import WALL_CLOCK_KEYS
+from apprentice.training.common import is_wall_clock
 
 #: Row fields that are not metrics, or vary run to run (those go to ``.timings`` and MLflow only).
-_NOT_LOGGED = ("stage", "step", *WALL_CLOCK_KEYS)
+_NOT_LOGGED = ("stage", "step")
 
 
 def callbacks(stage: str, metrics: Any = None) -> list[Any]:
@@ -102,7 +102,7 @@ class DVCLiveLogger(DVCLiveCallback):
         assert self.live is not None  # setup made it (world process zero)
         self.live.step = int(row["step"])
         super().on_log(args, state, control, model=model,
-                       logs={k: v for k, v in row.items() if k not in _NOT_LOGGED}, **kwargs)
+                       logs={k: v for k, v in row.items() if k not in _NOT_LOGGED and not is_wall_clock(k)}, **kwargs)
 
     def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001
         # not Live.end(): under `dvc exp run` it git-adds / dvc-adds the folder and saves an experiment

@@ -53,14 +53,18 @@ def test_fingerprints_do_not_depend_on_where_the_checkout_is(tmp_path):
 def test_model_folder_metrics_hold_no_wall_clock(tmp_path):
     src = tmp_path / "work.jsonl"
     src.write_text(json.dumps({"stage": "sft", "step": 1, "time": 3.2, "loss": 0.5}) + "\n"
-                   + json.dumps({"stage": "sft", "step": 1, "train_runtime": 9.1, "train_loss": 0.5}) + "\n")
+                   + json.dumps({"stage": "sft", "step": 1, "train_runtime": 9.1, "train_loss": 0.5}) + "\n"
+                   # TRL's GRPO logs `step_time` (two fresh clones' RL folders differed only in it)
+                   + json.dumps({"stage": "rl", "step": 1, "step_time": 15.3, "reward": 0.0}) + "\n")
     final = tmp_path / "models" / "sft"
     final.mkdir(parents=True)
     common.split_timings(src, final / common.METRICS_FILE, common.timings_path(final))
     rows = common.read_metrics(final / common.METRICS_FILE)
-    assert rows == [{"stage": "sft", "step": 1, "loss": 0.5}, {"stage": "sft", "step": 1, "train_loss": 0.5}]
+    assert rows == [{"stage": "sft", "step": 1, "loss": 0.5}, {"stage": "sft", "step": 1, "train_loss": 0.5},
+                    {"stage": "rl", "step": 1, "reward": 0.0}]
     timed = common.read_metrics(common.timings_path(final))
-    assert [r.get("time", r.get("train_runtime")) for r in timed] == [3.2, 9.1]
+    assert [r.get("time", r.get("train_runtime", r.get("step_time"))) for r in timed] == [3.2, 9.1, 15.3]
+    assert not any(common.is_wall_clock(k) for k in ("loss", "reward", "completions/mean_length", "entropy"))
     assert common.timings_path(final).parent.name == ".timings"  # beside the output, not in it
 
 
