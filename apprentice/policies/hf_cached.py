@@ -1,23 +1,35 @@
-"""``HFPolicy`` with KV-cache reuse across turns: the rollout engine's fast path for local models.
+"""The generation engine of every local model: batched HF ``generate`` plus KV-cache reuse across turns.
 
-Why: a multi-turn episode re-sends its whole conversation every turn. ``model.generate`` re-encodes
-it from scratch (~200 tokens of system prompt and tool schemas, plus every earlier turn), and on a
-CPU that prefill costs as much as the decoding itself. Batching does not help prefill (it is
-already compute-bound at batch size 1). So this policy keeps, per conversation, the keys/values of
+Why reuse: a multi-turn episode re-sends its whole conversation every turn. ``model.generate``
+re-encodes it from scratch (~200 tokens of system prompt and tool schemas, plus every earlier turn),
+and on a CPU that prefill costs as much as the decoding itself (batching does not help prefill: it
+is already compute-bound at batch size 1). So this policy keeps, per conversation, the keys/values of
 everything it has already encoded and only runs the *new* tokens (the tool observation, then the
 reply); episodes of one family also share one encoding of their common prefix (system prompt +
-tools). Decoding is a plain loop over one preallocated ``StaticCache`` (no per-step ``torch.cat``
-of a growing cache) that stops early when every row has emitted a stop token.
+tools).
 
-Why not transformers' continuous batching (``generate_batch``, which has prefix sharing): on CPU it
-was slower than one-at-a-time ``generate`` in our measurement (133 s vs 99 s for 8 prompts), and it
-does not keep a finished request's cache for the next turn. vLLM/SGLang do this but need a GPU.
+Why decoding is plain ``generate`` (issue M): the engine used to run its own decode loop over a
+preallocated ``StaticCache`` with per-step stop checks and batch compaction. Measured side by side
+(``bench/generation_engines.py``), that loop was no faster than ``generate`` fed the same cache, and
+it crashed under bf16 autocast (the StaticCache was allocated in bf16 while RoPE hands it fp32
+keys: ``index_copy_(): self and source expected to have the same dtype``). Here the only hand-written
+part is the prefix store (no library keeps a finished request's cache for its next turn on CPU);
+each call builds one ``DynamicCache`` from the stored rows and hands it to ``generate``, which runs
+the new tokens, samples, stops at the stop tokens and grows the cache in whatever dtypes the model
+produces (fp32 keys and bf16 values under bf16 autocast). transformers' continuous batching
+(``generate_batch``) keeps no cache between requests and was the slowest candidate on CPU.
+vLLM/SGLang do all of this but need a GPU.
+
+Layout of one call: row ``i`` is ``[pad | reused prefix, right-aligned at C | pad | new tokens,
+right-aligned at C+S]``; the attention mask has holes where the pads are, and ``generate`` derives
+positions from the mask's cumulative sum, so every token sits at its true position.
 
 Correctness: the key/value of position ``p`` depends only on tokens ``<= p``, so reusing them for
-an identical token prefix is exact up to floating-point summation order; the bench checks that the
-greedy actions equal one-at-a-time ``generate``. The match is on *token ids* (longest common
-prefix), so a re-rendered turn that tokenizes differently from what was generated simply reuses
-less. Memory is bounded by ``cache_tokens`` (least recently used conversations are dropped).
+an identical token prefix is exact up to floating-point summation order; a test checks that greedy
+episodes equal plain one-at-a-time ``generate`` in fp32 and bf16, and ``bench/rollout.py`` checks the
+same on real problems. The match is on *token ids* (longest common prefix), so a re-rendered turn
+that tokenizes differently from what was generated simply reuses less. Memory is bounded by
+``cache_tokens`` (least recently used conversations are dropped).
 """
 
 from __future__ import annotations

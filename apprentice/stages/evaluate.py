@@ -22,8 +22,8 @@ from apprentice import distributed, shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import format_table, summarize
 from apprentice.paths import Paths, atomic_path
-from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
 from apprentice.policies.factory import MODEL_CHOICES, build_policy, resolve_policy
+from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
 from apprentice.trajectories import read_parquet, write_parquet
 
 
