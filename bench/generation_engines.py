@@ -5,12 +5,12 @@ autocast with fp32 weights, which is what ``model.dtype: bf16`` runs):
 
 * ``generate``   -- plain batched HF ``generate``, left padding, every turn re-encoded
                     (``HFPolicy``; what TRL's GRPO sampling does by default);
-* ``engine``     -- ``CachedHFPolicy``, the pipeline's engine: the same ``generate`` call, fed each
-                    conversation's keys/values from its earlier turns (and one encoding of each
-                    family's system prompt + tools), so a turn only runs its new tokens;
-* ``loop``       -- the engine as it was before issue M: its own decode loop over a preallocated
-                    ``StaticCache`` with per-step stop checks and batch compaction (kept here, fixed
-                    for bf16, only to show what it cost);
+* ``generate+kv``-- the same ``generate`` call fed each conversation's keys/values from its earlier
+                    turns (and one encoding of each family's system prompt + tools), so a turn only
+                    runs its new tokens (``GenerateKVPolicy`` below: the library way to reuse);
+* ``engine``     -- ``CachedHFPolicy``, the pipeline's engine: the same prefix store, decoded by its
+                    own loop over a preallocated ``StaticCache`` that drops finished rows from the
+                    batch (its margin over ``generate+kv`` is what keeps it hand-written);
 * ``continuous`` -- transformers' continuous batching (``generate_batch``, paged attention over
                     ``sdpa``), the backend of TRL's ``use_transformers_paged``; it keeps no cache
                     between turns.
@@ -45,105 +45,103 @@ from rollout import NaivePolicy, actions, problems  # noqa: E402  (bench/rollout
 
 from apprentice import modeling  # noqa: E402
 from apprentice.envs import FAMILIES  # noqa: E402
-from apprentice.policies.base import Turn  # noqa: E402
+from apprentice.policies.base import Message, Turn  # noqa: E402
 from apprentice.policies.hf import HFPolicy  # noqa: E402
 from apprentice.policies.hf_cached import CachedHFPolicy, _Entry  # noqa: E402
 from apprentice.policies.toolcalls import parse_assistant  # noqa: E402
 from apprentice.rollout import run_episodes  # noqa: E402
 
 
-class LoopPolicy(CachedHFPolicy):
-    """The pre-issue-M engine: a hand-written decode loop over a ``StaticCache`` (bench only).
-    Its bf16 crash is fixed here the way it had to be: keys are stored in fp32 (RoPE's output
-    under autocast), values in the autocast dtype."""
+class GenerateKVPolicy(CachedHFPolicy):
+    """The engine's prefix store, decoding through plain ``generate`` fed a ``DynamicCache`` built
+    from the stored rows (the library alternative to the engine's own loop; bench only). Positions
+    come from the attention mask's cumulative sum, so the holes of the layout do not shift them."""
 
-    def _generate(self, convs, tools, temperature, top_p, max_new_tokens):  # noqa: C901 - verbatim port
-        from transformers import StaticCache
+    def _generate(self, convs: list[list[Message]], tools: list[list[dict[str, Any]]],
+                  temperature: float, top_p: float, max_new_tokens: int) -> list[Turn]:
+        from transformers import DynamicCache
 
         tok = self.tokenizer
         rows = [np.asarray(tok(self.render(c, t), add_special_tokens=False)["input_ids"], dtype=np.int64)
                 for c, t in zip(convs, tools, strict=True)]
-        self._add_shared_prefixes(rows, [self._best(r)[1] for r in rows])
+        hits = [self._best(r)[1] for r in rows]
+        self._add_shared_prefixes(rows, hits)
         matches = [self._best(r) for r in rows]
+        # reuse at most len-1 tokens: the last prompt token must run to give the next-token logits
         reuse = [min(n, len(r) - 1) if e is not None else 0 for r, (e, n) in zip(rows, matches, strict=True)]
         B, C = len(rows), max(reuse)
         S = max(len(r) - c for r, c in zip(rows, reuse, strict=True))
-        total = C + S + max_new_tokens
-        kd = torch.float32
-        vd = self.model.dtype if self.dtype == torch.float32 else self.dtype
-        cache: Any = StaticCache(config=self.model.config, max_cache_len=total)
-        cache.early_initialization(B, self._kv_heads, self._head_dim, kd, self.device)
-        for layer in cache.layers:
-            layer.values = layer.values.to(vd)
-        mask = torch.zeros(B, total, dtype=torch.long)
-        ids = torch.full((B, S), tok.pad_token_id, dtype=torch.long)
-        pos = torch.zeros(B, S, dtype=torch.long)
-        for i, (r, c, (e, _)) in enumerate(zip(rows, reuse, matches, strict=True)):
-            if c:
-                for li, layer in enumerate(cache.layers):
-                    k, v = e.kv[li]
-                    layer.keys[i, :, C - c:C] = k[:, :c].to(kd)
-                    layer.values[i, :, C - c:C] = v[:, :c].to(vd)
-                mask[i, C - c:C] = 1
-            new = r[c:]
-            ids[i, S - len(new):] = torch.from_numpy(new)
-            pos[i, S - len(new):] = torch.arange(c, len(r))
-            mask[i, C + S - len(new):C + S] = 1
-        for layer in cache.layers:
-            layer.cumulative_length.fill_(C)
-        stop = torch.tensor(self.stop_ids)
-        out = torch.full((B, max_new_tokens), tok.pad_token_id, dtype=torch.long)
-        n_gen = [max_new_tokens] * B
-        act = torch.arange(B)
-        done = torch.zeros(B, dtype=torch.bool)
-        next_pos = torch.tensor([len(r) for r in rows])
-        kv_rows: dict[int, Any] = {}
-        cur = C
+        # layout per row: [pad | reused prefix (right-aligned to C) | pad | new tokens (right-aligned to C+S)];
+        # generate derives positions from the mask (cumsum), so the holes do not shift them
+        mask = torch.zeros(B, C + S, dtype=torch.long)
+        ids = torch.full((B, C + S), tok.pad_token_id, dtype=torch.long)
+        for i, (r, c) in enumerate(zip(rows, reuse, strict=True)):
+            ids[i, C - c:C] = torch.from_numpy(r[:c])
+            mask[i, C - c:C] = 1
+            ids[i, C + S - (len(r) - c):] = torch.from_numpy(r[c:])
+            mask[i, C + S - (len(r) - c):] = 1
+        cache: Any = DynamicCache(config=self.model.config)
+        if C:
+            self._fill(cache, matches, reuse, C)
+        self.stats["prompt_tokens"] += sum(len(r) for r in rows)
+        self.stats["reused_tokens"] += sum(reuse)
 
-        def harvest(positions):
-            for b in positions:
-                i = int(act[b])
-                keep = mask[b, :cur].nonzero().squeeze(-1)[: len(rows[i]) + n_gen[i] - 1]
-                kv_rows[i] = [(la.keys[b][:, keep].clone(), la.values[b][:, keep].clone()) for la in cache.layers]
+        sample = temperature > 0
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=self.stop_ids,
+            pad_token_id=tok.pad_token_id, use_cache=True,
+        )
+        if sample:
+            gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        else:  # neutralise sampling fields a model's generation_config may carry (avoids warnings)
+            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        self._calls += 1
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.seed + self._calls)
+            with modeling.generation(self.dtype, self.device):
+                seqs = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                           cache=cache, **gen_kwargs)
+        new = seqs[:, C + S:].tolist()
+        full_mask = torch.cat([mask, torch.ones(B, len(new[0]), dtype=torch.long)], dim=1)
 
-        with torch.inference_mode(), modeling.autocast(self.dtype, self.device):
-            x, p, q = ids, pos, S
-            for step in range(max_new_tokens):
-                logits = self.model(input_ids=x, position_ids=p, attention_mask=mask, cache=cache,
-                                    use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
-                cur += q
-                nxt = logits.argmax(-1)
-                nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-                out[act, step] = nxt
-                hit = torch.isin(nxt, stop) & ~done
-                for b in hit.nonzero().squeeze(-1).tolist():
-                    n_gen[int(act[b])] = step + 1
-                done |= hit
-                if bool(done.all()) or step == max_new_tokens - 1:
-                    break
-                if int(done.sum()) >= max(1, done.numel() // 4):
-                    harvest(done.nonzero().squeeze(-1).tolist())
-                    keep_b = (~done).nonzero().squeeze(-1)
-                    for layer in cache.layers:
-                        layer.keys, layer.values = layer.keys[keep_b], layer.values[keep_b]
-                    mask, act, next_pos, nxt, done = mask[keep_b], act[keep_b], next_pos[keep_b], nxt[keep_b], done[keep_b]
-                mask[:, cur] = (~done).long()
-                x, p, q = nxt[:, None], next_pos[:, None].clone(), 1
-                next_pos += 1
-            harvest(list(range(act.numel())))
-        used = {id(e) for e, _ in matches if e is not None and not e.shared}
-        self._store = [e for e in self._store if id(e) not in used]
-        turns = []
+        # the new encodings supersede the ones they extended (shared prefixes stay for other episodes)
+        used_entries = {id(e) for e, _ in matches if e is not None and not e.shared}
+        self._store = [e for e in self._store if id(e) not in used_entries]
+        turns: list[Turn] = []
         for i, r in enumerate(rows):
-            gen_ids = out[i, :n_gen[i]].tolist()
+            stop_at = next((k for k, t in enumerate(new[i]) if t in self.stop_ids), None)
+            gen_ids = new[i] if stop_at is None else new[i][:stop_at + 1]
+            # keep: prompt + reply without its last token (that one was never run through the model)
+            keep = full_mask[i].nonzero().squeeze(-1)[: len(r) + len(gen_ids) - 1].to(self.device)
+            kv = [(layer.keys[i][:, keep].clone(), layer.values[i][:, keep].clone()) for layer in cache.layers]
             self._store.append(_Entry(ids=np.concatenate([r, np.asarray(gen_ids[:-1], dtype=np.int64)]),
-                                      kv=kv_rows[i], used=time.monotonic()))
-            stop_at = next((k for k, t in enumerate(gen_ids) if t in self.stop_ids), None)
+                                      kv=kv, used=time.monotonic()))
             text = tok.decode(gen_ids if stop_at is None else gen_ids[:stop_at], skip_special_tokens=True)
             msg, err = parse_assistant(text)
-            turns.append(Turn(message=msg, prompt_tokens=len(r), completion_tokens=n_gen[i], parse_error=err, raw=text))
+            turns.append(Turn(message=msg, prompt_tokens=len(r), completion_tokens=len(gen_ids), parse_error=err,
+                              raw=text, extra={"finish_reason": "length" if stop_at is None else "stop",
+                                               "cached_tokens": reuse[i]}))
         self._evict()
         return turns
+
+    def _fill(self, cache: Any, matches: list[tuple[_Entry | None, int]], reuse: list[int], C: int) -> None:
+        """Put each row's reused keys/values right-aligned at ``[C - c, C)`` of a fresh batch cache.
+        Stored tensors keep the dtypes the model produced them in (under bf16 autocast: fp32 keys
+        after RoPE, bf16 values), so the cache continues exactly as if it had encoded them now."""
+        ref = next(e for e, _ in matches if e is not None).kv
+        B = len(matches)
+        for li, (k0, v0) in enumerate(ref):
+            keys = k0.new_zeros((B, self._kv_heads, C, self._head_dim))
+            values = v0.new_zeros((B, self._kv_heads, C, self._head_dim))
+            for i, ((e, _), c) in enumerate(zip(matches, reuse, strict=True)):
+                if c:
+                    k, v = e.kv[li]  # type: ignore[union-attr]
+                    keys[i, :, C - c:] = k[:, :c]
+                    values[i, :, C - c:] = v[:, :c]
+            cache.update(keys, values, li)
+        for e, c in zip((e for e, _ in matches), reuse, strict=True):
+            if c:
+                e.used = time.monotonic()  # type: ignore[union-attr]
 
 
 class ContinuousPolicy(HFPolicy):
@@ -156,7 +154,7 @@ class ContinuousPolicy(HFPolicy):
         prompts = [tok(self.render(c, t), add_special_tokens=False)["input_ids"] for c, t in zip(convs, tools, strict=True)]
         cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=self.stop_ids,
                                pad_token_id=tok.pad_token_id)
-        with torch.inference_mode(), modeling.autocast(self.dtype, self.device):
+        with modeling.generation(self.dtype, self.device):
             res = self.model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=False)
         outs = [res[k] for k in sorted(res, key=lambda k: int(str(k).rsplit("_", 1)[-1]))]
         turns = []
@@ -170,7 +168,8 @@ class ContinuousPolicy(HFPolicy):
         return turns
 
 
-CANDIDATES = {"generate": HFPolicy, "engine": CachedHFPolicy, "loop": LoopPolicy, "continuous": ContinuousPolicy}
+CANDIDATES = {"generate": HFPolicy, "generate+kv": GenerateKVPolicy, "engine": CachedHFPolicy,
+              "continuous": ContinuousPolicy}
 
 
 def first_turns(specs: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -193,7 +192,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--episodes", type=int, default=16, help="problems for the episode ratio (0 = skip part 2)")
     ap.add_argument("--max-turns", type=int, default=3)
-    ap.add_argument("--episode-candidates", nargs="+", default=["generate", "engine", "loop"], choices=list(CANDIDATES),
+    ap.add_argument("--episode-candidates", nargs="+", default=["generate", "generate+kv", "engine"], choices=list(CANDIDATES),
                     help="candidates of part 2 (continuous batching is left out by default: slowest in part 1)")
     ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args()
