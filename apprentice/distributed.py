@@ -139,16 +139,26 @@ class _Worker:
     def __init__(self, factory: Any, threads: int) -> None:
         import sys
 
+        t0 = time.perf_counter()
         self.policy = factory() if _is_factory(factory) else factory
+        self.build_s = time.perf_counter() - t0
+        self.episodes_s = 0.0
         if "torch" in sys.modules:  # a model policy: generation uses exactly the CPUs Ray reserved
             sys.modules["torch"].set_num_threads(max(1, threads))
 
     def pid(self) -> int:
         return os.getpid()
 
+    def timings(self) -> dict[str, float]:
+        """Seconds this actor spent building its policy (model load) and playing episodes."""
+        return {"build_s": self.build_s, "episodes_s": self.episodes_s}
+
     def run(self, specs: list[ProblemSpec], levels: list[int] | None, seed: int,
             kwargs: dict[str, Any]) -> list[Trajectory]:
-        return rollout.run_episodes(specs, self.policy, levels=levels, seed=seed, progress=False, **kwargs)
+        t0 = time.perf_counter()
+        out = rollout.run_episodes(specs, self.policy, levels=levels, seed=seed, progress=False, **kwargs)
+        self.episodes_s += time.perf_counter() - t0
+        return out
 
 
 class RayRollout:
@@ -158,6 +168,10 @@ class RayRollout:
         self.cfg = cfg
         self.actors: list[Any] = []
         self._policy_ref: Any = None
+        #: where the last :meth:`run` spent its time (seconds): connect, actors_ready (actor processes
+        #: started and policies built), gather (episodes + results through the object store), and per
+        #: actor the model load and the episodes themselves
+        self.timings: dict[str, Any] = {}
 
     # -- cluster ------------------------------------------------------------------------------------
     def connect(self) -> bool:
@@ -209,14 +223,22 @@ class RayRollout:
         if not specs:
             return []
         ray = import_ray()
+        t0 = time.perf_counter()
         started = self.connect()
         try:
+            t1 = time.perf_counter()
             actors = self.start_actors(policy)
+            ray.get([a.pid.remote() for a in actors])  # started, policy built
+            t2 = time.perf_counter()
             bounds = shard_bounds(len(specs), self.cfg.workers * self.cfg.shards_per_worker)
             futures = [actors[i % len(actors)].run.remote(specs[a:b], lv[a:b] if lv is not None else None,
                                                          seed + i, kwargs)
                        for i, (a, b) in enumerate(bounds)]
             results = self._gather(ray, futures, bounds, kwargs.get("samples_per_problem", 1), progress)
+            t3 = time.perf_counter()
+            self.timings = {"connect_s": t1 - t0, "actors_ready_s": t2 - t1, "gather_s": t3 - t2,
+                            "actors": ray.get([a.timings.remote() for a in actors])}
+            log.info("ray rollout timings: %s", self.timings)
         finally:
             for a in self.actors:
                 ray.kill(a)

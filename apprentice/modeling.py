@@ -184,6 +184,19 @@ def autocast(dtype: str | torch.dtype, device: str | torch.device | None = None)
         yield
 
 
+@contextlib.contextmanager
+def generation(dtype: str | torch.dtype, device: str | torch.device | None = None) -> Iterator[None]:
+    """No autograd + :func:`autocast`: the context every generation runs in.
+
+    Why ``no_grad`` and not ``inference_mode``: under ``inference_mode`` autocast does not keep its
+    bf16 copies of the fp32 weights, so every forward pass re-casts all of them; a 135M model at
+    batch 1 then took 689 ms a forward pass against 266 ms under ``no_grad`` (1 thread, AMX Xeon,
+    issue M). fp32 is unaffected.
+    """
+    with torch.no_grad(), autocast(dtype, device):
+        yield
+
+
 # ---- models -----------------------------------------------------------------------------------
 
 def fix_generation_config(model: Any, tokenizer: Any | None = None) -> Any:

@@ -238,7 +238,7 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/training", "apprentice/modeling.py", "apprentice/templates"),
           io=_distill, builds_envs=True, curve="student"),
     Stage("evaluate", "apprentice.stages.evaluate", params=("evaluate", "model", "pipeline.seed"),
-          code=("apprentice/stages/rollout.py", "apprentice/evaluation.py", "apprentice/rollout.py",
+          code=("apprentice/shards.py", "apprentice/evaluation.py", "apprentice/rollout.py",
                 "apprentice/policies", "apprentice/envs", "apprentice/templates"),
           io=_evaluate, models=EVAL_POLICIES, model_io=_evaluate_model, retries=ROLLOUT_RETRIES, builds_envs=True,
           results=lambda p: [p.eval_metrics(m) for m in EVAL_POLICIES]),

@@ -3,7 +3,8 @@
 It lets anything that speaks chat completions with tools (``OpenAICompatiblePolicy``, other
 agent frameworks, curl) use a pipeline model, and it is the real server the integration tests
 talk to. Why not vLLM / llama.cpp: neither runs our HF folders on a 2-core CPU box with our chat
-template and tool-call parser; this is ~150 lines on FastAPI + the same ``HFPolicy`` the rollouts use.
+template and tool-call parser; this is ~150 lines on FastAPI + the same engine the rollouts use
+(``CachedHFPolicy``: a client's next turn reuses the keys/values of the conversation so far).
 
 Concurrent requests are micro-batched: a worker thread takes every request that arrives within
 ``batch_window_s`` (same sampling settings, up to ``batch_size``) into one ``generate`` call, so a
@@ -179,9 +180,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from apprentice.policies.hf import HFPolicy
+    from apprentice.policies.hf_cached import CachedHFPolicy
 
-    policy = HFPolicy(args.model, dtype=args.dtype, chat_template=args.chat_template,
+    policy = CachedHFPolicy(args.model, dtype=args.dtype, chat_template=args.chat_template,
                       batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:

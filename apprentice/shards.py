@@ -27,20 +27,85 @@ Each shard seeds the engine with ``seed + shard index``, so shards are reproduci
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from apprentice import codedeps
 from apprentice.trajectories import Trajectory, trajectories_frame, write_parquet
+
+if TYPE_CHECKING:
+    from apprentice.config import Config, PolicyConfig
+
+#: Parquet metadata key of an episode table's input fingerprint (:func:`fingerprint`).
+FINGERPRINT_KEY = "apprentice_fingerprint"
 
 #: Problems per shard: big enough that the engine still batches well, small enough that a crash costs little.
 DEFAULT_SHARD_SIZE = 64
+
+
+def model_fingerprint(ref: str) -> str:
+    """Content hash of a local model folder's top-level files (weights, config, tokenizer), or the
+    reference itself for a remote model. Hashing 0.5 GB takes ~1 s; far less than any rollout."""
+    p = Path(ref)
+    if not p.is_dir():
+        return ref
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")):
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, stage_module: str,
+                **settings: Any) -> str:
+    """What an episode table of the stage ``stage_module`` depends on: what determines an episode
+    (problems, model, sampling, chat template, the code that plays it, a plugin family's package
+    version and source hash), not how the answers were fetched (``PolicyConfig.TRANSPORT``: URL, key
+    variable, timeout, retries), so a rerun with more retries or on another port resumes the finished
+    shards. It is stored in the table (a DVC output), so it holds no absolute path: a local model is
+    named by its folder and identified by its content."""
+    from apprentice import envs
+
+    policy = pol_cfg.episode_settings()
+    if pol_cfg.kind == "hf" and Path(pol_cfg.model).is_dir():
+        policy["model"] = Path(pol_cfg.model).name
+    doc = {
+        "specs": sorted(problems["spec"]),
+        "policy": policy,
+        "model": model_fingerprint(pol_cfg.model) if pol_cfg.kind == "hf" else "",
+        "model_cfg": cfg.model.model_dump(exclude={"threads"}),
+        "seed": cfg.pipeline.seed,
+        # the code that plays the episodes (the stage, engine, policies, every environment) and library
+        # versions: an edited environment must not leave a stale rollout behind (issue G)
+        "code": codedeps.digest(stage_module),
+        # a plugin family's code lives outside the project: its version and source hash (issue O)
+        "plugins": envs.plugin_sources(problems["family"] if "family" in problems.columns else []),
+        **settings,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def existing_if_complete(out: Path, fp: str, expected_rows: int) -> pd.DataFrame | None:
+    """The output at ``out`` if it was written for exactly these inputs, else None."""
+    if not out.exists():
+        return None
+    try:
+        df = pd.read_parquet(out)
+    except Exception:  # noqa: BLE001 - unreadable -> recompute
+        return None
+    if df.attrs.get(FINGERPRINT_KEY) != fp or len(df) != expected_rows:
+        return None
+    return df
 
 
 class EpisodesFailed(RuntimeError):

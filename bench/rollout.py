@@ -11,6 +11,9 @@ wall times and the ratio.
     python bench/rollout.py            # 64 problems (grid + search), models/base
     python bench/rollout.py --quick    # 8 problems, smoke check
 
+In bf16 the actions are counted, not required equal: batched bf16 rounds differently from batch 1
+(plain batched ``generate`` disagrees with batch-1 ``generate`` as often as the engine does).
+
 Needs ``models/base`` (``python -m apprentice prepare-base``). Timings on a shared machine vary by
 15-30 %; the ratio is what matters, and both sides run back to back under the same conditions.
 
@@ -61,7 +64,7 @@ class NaivePolicy:
         for conv, tl in zip(conversations, tools, strict=True):
             enc = self.tok.apply_chat_template(conv, tools=tl or None, add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)
-            with torch.inference_mode(), modeling.autocast(self.dtype, "cpu"):
+            with modeling.generation(self.dtype, "cpu"):
                 seq = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
                                           temperature=None, top_p=None, top_k=None,
                                           eos_token_id=self.stop_ids, pad_token_id=self.tok.pad_token_id)
@@ -135,7 +138,10 @@ def main() -> int:
                       identical_transcripts=same_text)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
-    if not args.skip_naive and result["identical_actions"] != n:
+    # bf16: a batch rounds differently from one sequence (padding, matmul blocking), so greedy picks
+    # can flip at near-ties; plain batched `generate` agrees with batch-1 `generate` no better
+    # (bench/generation_engines.py: 3/6 episodes vs the engine's 4/6). The exact check is fp32's.
+    if not args.skip_naive and result["identical_actions"] != n and dtype == torch.float32:
         print("FAIL: batched and naive runs took different actions under greedy decoding", file=sys.stderr)
         return 1
     return 0

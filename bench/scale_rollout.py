@@ -84,21 +84,30 @@ def main() -> int:
     ray.init(num_cpus=2 * a.threads, include_dashboard=False, log_to_driver=False)
     try:
         t0 = time.perf_counter()
-        local = distributed.run_episodes(specs, factory, engine="local", **kw)
+        pol = factory()
+        t_load = time.perf_counter() - t0
+        local = distributed.run_episodes(specs, pol, engine="local", **kw)
         t_local = time.perf_counter() - t0
-        times, outs = {}, {}
+        times, outs, parts = {}, {}, {}
         for w in (1, 2):
             t0 = time.perf_counter()
-            outs[w] = distributed.run_episodes(specs, factory, engine="ray", ray=RayConfig(
-                workers=w, threads_per_worker=a.threads), **kw)
+            runner = distributed.RayRollout(RayConfig(workers=w, threads_per_worker=a.threads))
+            outs[w] = runner.run(specs, factory, progress=False, **{k: v for k, v in kw.items() if k != "progress"})
             times[w] = time.perf_counter() - t0
+            parts[w] = runner.timings
     finally:
         ray.shutdown()
     same = all(transcript(outs[w]) == transcript(local) for w in (1, 2))
     print(f"identical transcripts (local, ray x1, ray x2): {same}")
-    print(f"local   {t_local:7.1f} s  {n / t_local:6.2f} episodes/s")
+    print(f"local   {t_local:7.1f} s  {n / t_local:6.2f} episodes/s  (model load {t_load:.1f} s, "
+          f"episodes {t_local - t_load:.1f} s)")
     for w in (1, 2):
-        print(f"ray x{w}  {times[w]:7.1f} s  {n / times[w]:6.2f} episodes/s")
+        t = parts[w]
+        build = max(x["build_s"] for x in t["actors"])
+        eps = max(x["episodes_s"] for x in t["actors"])
+        print(f"ray x{w}  {times[w]:7.1f} s  {n / times[w]:6.2f} episodes/s  (connect {t['connect_s']:.1f} s, actor start "
+              f"{t['actors_ready_s'] - build:.1f} s, model load in actor {build:.1f} s, episodes {eps:.1f} s, "
+              f"object store + scheduling {t['gather_s'] - eps:.1f} s)")
     print(f"speedup 2 vs 1 workers {times[1] / times[2]:.2f}")
     print(f"overhead {times[1] / t_local:.2f}")
     return 0 if same else 1

@@ -19,7 +19,7 @@ __all__ = ["Message", "Policy", "Turn", "make_policy"]
 def make_policy(policy_cfg: PolicyConfig, default_model: str = "", *, root: str = ".",
                 dtype: str = "auto", chat_template: str = "model", seed: int = 0,
                 **overrides: Any) -> Policy:
-    """``kind: oracle | hf | openai`` -> a policy. ``default_model`` is used when
+    """``kind: oracle | hf | openai`` -> a policy (``hf``: the KV-cache engine, :mod:`apprentice.policies.hf_cached`). ``default_model`` is used when
     ``policy_cfg.model`` is empty (e.g. the stage's model path); relative paths resolve against
     ``root``. ``overrides`` replace constructor arguments (e.g. ``temperature=0.7``)."""
     kind = policy_cfg.kind
@@ -33,13 +33,13 @@ def make_policy(policy_cfg: PolicyConfig, default_model: str = "", *, root: str 
                          "(an HF folder/id for hf, the served model name for openai)")
     if kind == "hf":
         from apprentice.modeling import resolve_model_ref
-        from apprentice.policies.hf import HFPolicy
+        from apprentice.policies.hf_cached import CachedHFPolicy
 
         kw: dict[str, Any] = dict(temperature=policy_cfg.temperature, top_p=policy_cfg.top_p,
                                   max_new_tokens=policy_cfg.max_new_tokens, batch_size=policy_cfg.batch_size,
                                   dtype=dtype, chat_template=chat_template, seed=seed)
         kw.update(overrides)
-        return HFPolicy(resolve_model_ref(model, root), **kw)
+        return CachedHFPolicy(resolve_model_ref(model, root), **kw)
     if kind == "openai":
         from apprentice.policies.openai_compat import OpenAICompatiblePolicy
 

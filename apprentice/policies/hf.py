@@ -123,7 +123,7 @@ class HFPolicy:
         self._calls += 1
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(self.seed + self._calls)
-            with torch.inference_mode(), modeling.autocast(self.dtype, self.device):
+            with modeling.generation(self.dtype, self.device):
                 seqs = self.model.generate(**enc, **gen_kwargs)
         new = seqs[:, enc["input_ids"].shape[1]:].tolist()
         prompt_lens = enc["attention_mask"].sum(dim=1).tolist()

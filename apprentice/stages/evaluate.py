@@ -22,15 +22,8 @@ from apprentice import distributed, shards
 from apprentice.config import Config, PolicyConfig
 from apprentice.evaluation import format_table, summarize
 from apprentice.paths import Paths, atomic_path
+from apprentice.policies.factory import MODEL_CHOICES, build_policy, resolve_policy
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
-from apprentice.stages.rollout import (
-    FINGERPRINT_KEY,
-    MODEL_CHOICES,
-    build_policy,
-    existing_if_complete,
-    fingerprint,
-    resolve_policy,
-)
 from apprentice.trajectories import read_parquet, write_parquet
 
 
@@ -57,9 +50,9 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     if out:  # the same file names in a folder of the caller's
         pq, js = Path(out) / pq.name, Path(out) / js.name
     out_dir = pq.parent
-    fp = fingerprint(problems, pol_cfg, cfg, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors)
+    fp = shards.fingerprint(problems, pol_cfg, cfg, __name__, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors)
 
-    df = existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
+    df = shards.existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
     skipped = df is not None
     if df is None:
         shards.check_writable(out_dir)  # before any episode runs
@@ -78,7 +71,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
 
         df, _ = shards.run_sharded(problems, chunk, pq, fp, samples=ec.samples_per_problem, policy_id=name,
                                    shard_size=ec.shard_size, error_budget=ec.error_budget, seed=cfg.pipeline.seed)
-        df.attrs[FINGERPRINT_KEY] = fp
+        df.attrs[shards.FINGERPRINT_KEY] = fp
         write_parquet(shards.without_wall_clock(df), pq)
         shards.write_timings(pq, df)
         shards.clear(pq, fp, ec.shard_size)

@@ -142,7 +142,7 @@ def weights_digest(weights: Path, dvc_md5: str) -> str:
     """What identifies the registered weights: DVC's md5 when the stage ran under DVC, else a content hash."""
     if dvc_md5:
         return f"md5:{dvc_md5}"
-    from apprentice.stages.rollout import model_fingerprint
+    from apprentice.shards import model_fingerprint
 
     return "sha256:" + model_fingerprint(str(weights)) if Path(weights).is_dir() else "missing"
 

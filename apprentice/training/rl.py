@@ -19,6 +19,12 @@ What this module adds on top:
   * **bf16 rollouts**: TRL generates outside autocast, i.e. in fp32, even with ``bf16=True``;
     :class:`CurriculumGRPOTrainer` wraps generation in autocast (~1.4x on AMX CPUs; pitfall 10).
     Trained weights stay fp32.
+  * **Sampler choice** (issue M): GRPO samples with TRL's default, plain batched ``generate``, not
+    ``use_transformers_paged``: that switch rides on transformers' continuous batching, the slowest
+    candidate of ``bench/generation_engines.py`` on CPU (below plain ``generate`` at every batch size).
+    The pipeline's engine (``CachedHFPolicy``) is plain ``generate`` plus KV reuse across turns; putting
+    it under TRL's tool loop means overriding TRL's private generation methods, left for when the
+    GRPO sampling share of an iteration justifies the contract it would pin.
 
 Prompt shape (pitfall 9): TRL appends ``reset()``'s return to the last user message *without a
 separator*. The dataset's user message is therefore empty and ``reset()`` supplies the whole task

@@ -56,11 +56,15 @@ def chatty_policy(tiny_model_dir):
     return pol
 
 
-def test_kv_cache_reuse_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])  # forced: 'auto' would test only what this CPU picks
+def test_kv_cache_reuse_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy, dtype):
+    """The engine (batched, KV reused across turns, shared prefixes) against plain HF ``generate``
+    one conversation at a time, re-encoding everything, in the same compute dtype. bf16 autocast
+    once crashed every generation (StaticCache in bf16, RoPE keys in fp32: index_copy_ dtype error)."""
     specs = _specs()
-    cached = CachedHFPolicy.from_policy(chatty_policy)
+    cached = CachedHFPolicy.from_policy(chatty_policy, dtype=dtype)
     fast = run_episodes(specs, cached, max_turns=3, progress=False)
-    single = HFPolicy(chatty_policy.model, chatty_policy.tokenizer, max_new_tokens=12, batch_size=1, dtype="fp32")
+    single = HFPolicy(chatty_policy.model, chatty_policy.tokenizer, max_new_tokens=12, batch_size=1, dtype=dtype)
     plain = [run_episodes([s], single, max_turns=3, batch_size=1, progress=False)[0] for s in specs]
     assert len({t.messages[2]["content"] for t in plain}) > 1  # varied output, not a degenerate model
     assert [t.messages for t in fast] == [t.messages for t in plain]

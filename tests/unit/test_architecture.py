@@ -84,3 +84,13 @@ def test_artifact_paths_are_built_only_in_paths_py():
             if text is not None and ("iter_{}" in text or text == "iter_") and " " not in text:
                 offenders.append(f"{p.relative_to(ROOT)}:{node.lineno}: {text!r}")
     assert not offenders, "build these paths with apprentice.paths.Paths:\n" + "\n".join(offenders)
+
+
+def test_episode_stages_build_policies_through_the_policies_package_not_another_stage():
+    """evaluate once built its policy through stages/rollout.py: a stage importing a stage, which
+    hid the policy construction from the policies package and tied the two stages' code together."""
+    for name in ("evaluate.py", "rollout.py"):
+        stages = {m for m in _imports(ROOT / "apprentice" / "stages" / name) if m.startswith("apprentice.stages")}
+        assert not stages, f"apprentice/stages/{name} imports another stage: {sorted(stages)}"
+    defs = [p for p in _py("apprentice") if "def build_policy(" in p.read_text()]
+    assert defs == [ROOT / "apprentice" / "policies" / "factory.py"], defs

@@ -55,15 +55,15 @@ def test_every_dvc_stage_lists_every_project_module_it_imports():
 
 
 def test_rollout_fingerprint_changes_when_an_environment_changes(tmp_path, monkeypatch):
+    from apprentice import shards
     from apprentice.config import Config, PolicyConfig
-    from apprentice.stages import rollout
 
     shutil.copytree(REPO / "apprentice", tmp_path / "apprentice", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(codedeps, "REPO", tmp_path)
     problems = pd.DataFrame({"spec": ["{}"]})
     cfg = Config.model_validate({})
-    before = rollout.fingerprint(problems, PolicyConfig(kind="oracle"), cfg)
-    assert rollout.fingerprint(problems, PolicyConfig(kind="oracle"), cfg) == before
+    before = shards.fingerprint(problems, PolicyConfig(kind="oracle"), cfg, "apprentice.stages.rollout")
+    assert shards.fingerprint(problems, PolicyConfig(kind="oracle"), cfg, "apprentice.stages.rollout") == before
     grid = tmp_path / "apprentice" / "envs" / "grid.py"
     grid.write_text(grid.read_text() + "\n# an edited environment\n")
-    assert rollout.fingerprint(problems, PolicyConfig(kind="oracle"), cfg) != before
+    assert shards.fingerprint(problems, PolicyConfig(kind="oracle"), cfg, "apprentice.stages.rollout") != before

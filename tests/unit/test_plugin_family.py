@@ -91,19 +91,19 @@ def test_a_plugin_family_resolves_everywhere_a_family_name_is_looked_up(plugin):
 def test_plugin_version_and_source_are_in_fingerprints_and_dvc_deps(plugin, tmp_path):
     from apprentice.config import Config, PolicyConfig
     from apprentice.dvcgen import pipeline
-    from apprentice.stages.rollout import fingerprint
+    from apprentice.shards import fingerprint
     from apprentice.trajectories import problems_frame
 
     spec = FAMILIES["tally"].generate(1, 0)
     problems = problems_frame([spec], [0], split="train")
     cfg = Config()
     pol = PolicyConfig(kind="openai", model="m", base_url="http://127.0.0.1:1/v1")
-    fp = fingerprint(problems, pol, cfg, samples=1)
+    fp = fingerprint(problems, pol, cfg, "apprentice.stages.rollout", samples=1)
     # how answers are fetched is not part of it ...
     moved = pol.model_copy(update={"base_url": "http://10.0.0.1:9/v1", "timeout_s": 5, "max_retries": 9})
-    assert fingerprint(problems, moved, cfg, samples=1) == fp
+    assert fingerprint(problems, moved, cfg, "apprentice.stages.rollout", samples=1) == fp
     # ... but sampling and the plugin's code are
-    assert fingerprint(problems, pol.model_copy(update={"temperature": 0.5}), cfg, samples=1) != fp
+    assert fingerprint(problems, pol.model_copy(update={"temperature": 0.5}), cfg, "apprentice.stages.rollout", samples=1) != fp
     src = envs.source_of("tally")
     assert src["version"] == "tally-envs==0.1.0" and src["metadata"].endswith("METADATA")
 
@@ -114,11 +114,11 @@ def test_plugin_version_and_source_are_in_fingerprints_and_dvc_deps(plugin, tmp_
 
     module = Path(src["path"]) / "counter.py"
     module.write_text(module.read_text() + "\n# edited\n")
-    assert fingerprint(problems, pol, cfg, samples=1) != fp  # an edited plugin reruns the rollout
-    edited = fingerprint(problems, pol, cfg, samples=1)
+    assert fingerprint(problems, pol, cfg, "apprentice.stages.rollout", samples=1) != fp  # an edited plugin reruns the rollout
+    edited = fingerprint(problems, pol, cfg, "apprentice.stages.rollout", samples=1)
     _install(tmp_path, "0.2.0")  # a new version (same source as first installed)
     assert envs.source_of("tally")["version"] == "tally-envs==0.2.0"
-    assert fingerprint(problems, pol, cfg, samples=1) not in (fp, edited)
+    assert fingerprint(problems, pol, cfg, "apprentice.stages.rollout", samples=1) not in (fp, edited)
 
 
 def test_check_env_fails_a_family_whose_levels_get_easier(monkeypatch):

@@ -34,8 +34,8 @@ def test_stage_fingerprint_follows_content_not_mtime(tmp_path):
 
 def test_fingerprints_do_not_depend_on_where_the_checkout_is(tmp_path):
     """A clone at another path (a second machine, CI) must stamp the same bytes into its outputs."""
+    from apprentice import shards
     from apprentice.config import PolicyConfig
-    from apprentice.stages import rollout
 
     stamps, tables = [], []
     for where in ("machine1", "elsewhere/machine2"):
@@ -46,7 +46,8 @@ def test_fingerprints_do_not_depend_on_where_the_checkout_is(tmp_path):
         data.write_bytes(b"rows")
         stamps.append(common.fingerprint({"a": 1}, [data, model]))
         problems = pd.DataFrame({"spec": ["{}"]})
-        tables.append(rollout.fingerprint(problems, PolicyConfig(kind="hf", model=str(model)), Config()))
+        tables.append(shards.fingerprint(problems, PolicyConfig(kind="hf", model=str(model)), Config(),
+                                         "apprentice.stages.rollout"))
     assert stamps[0] == stamps[1] and tables[0] == tables[1]
 
 

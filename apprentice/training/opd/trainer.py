@@ -36,7 +36,7 @@ from trl.trainer.utils import pad, selective_log_softmax
 
 from apprentice.envs import Environment, ProblemSpec
 from apprentice.envs.base import derive_seed
-from apprentice.policies.hf import HFPolicy
+from apprentice.policies.hf_cached import CachedHFPolicy
 from apprentice.rollout import run_episodes
 from apprentice.training.opd.annealing import group_advantages, policy_gradient_loss, token_share
 from apprentice.training.opd.losses import chunked_per_token_divergence
@@ -109,8 +109,8 @@ class OPDTrainer(DistillationTrainer):
         common: dict[str, Any] = dict(temperature=self.temperature, max_new_tokens=self.turn_tokens, dtype=self.rollout_dtype,
                       batch_size=max(len(specs) * self.recipe.samples_per_problem, 1))
         mixed = MixedPolicy(
-            student=HFPolicy(student, tok, seed=seed % 2**31, policy_id="student", **common),
-            teacher=HFPolicy(teacher, tok, seed=(seed + 1) % 2**31, policy_id="teacher", **common),
+            student=CachedHFPolicy(student, tok, seed=seed % 2**31, policy_id="student", **common),
+            teacher=CachedHFPolicy(teacher, tok, seed=(seed + 1) % 2**31, policy_id="teacher", **common),
             executor=self.recipe.executor, step=step, privileged=self.recipe.privileged, dtype=self.rollout_dtype,
         )
         horizon = self.recipe.executor.horizon(step) or 0
