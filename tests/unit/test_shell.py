@@ -26,7 +26,7 @@ def _spec(seed: int, level: int) -> ProblemSpec:
 def test_shell_is_registered_with_exactly_its_tools():
     assert FAMILIES["shell"] is ShellEnv
     public = {n for n, _ in inspect.getmembers(ShellEnv, inspect.isfunction) if not n.startswith("_")}
-    assert public == TOOLS | {"reset", "get_reward", "build", "oracle", "turn_budget", "execute"}
+    assert public == TOOLS | {"reset", "get_reward", "build", "oracle", "turn_budget", "execute", "ungrounded"}
     assert set(ShellEnv.tool_names()) == TOOLS  # the @tool methods (TRL sees only these, via trl_environment)
     schemas = {s["function"]["name"]: s["function"] for s in ShellEnv.tool_schemas()}
     assert set(schemas) == TOOLS
