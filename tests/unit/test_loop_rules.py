@@ -206,3 +206,55 @@ def test_a_trained_checkpoint_keeps_the_base_tokenizer_template_and_generation_c
     want = json.loads((base / "generation_config.json").read_text())
     assert {k: gen.get(k) for k in ("eos_token_id", "pad_token_id", "use_cache")} == \
            {k: want.get(k) for k in ("eos_token_id", "pad_token_id", "use_cache")}
+
+
+# ---- item 0: why continuing at the base recipe lost ground, and what the continue rule bounds -------
+
+def _mean_step(before: Path, after: Path) -> float:
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(before / "model.safetensors")), load_file(str(after / "model.safetensors"))
+    diffs = [(b[k] - a[k]).abs().flatten() for k in a if a[k].dim() == 2]  # the matrices (embeddings, projections)
+    import torch
+
+    return float(torch.cat(diffs).median())
+
+
+def test_a_fresh_adamw_moves_every_weight_by_the_full_lr_whatever_the_gradient_and_continue_bounds_it(
+        tmp_path, tiny_model_dir):
+    """The mechanism behind iteration 2's drop (docs/experiments.md L.0): Adam's first update is
+    ``lr * m / sqrt(v)`` = ``lr * sign(g)``, so continuing a fitted model (small, mostly-noise gradients)
+    at the base recipe's learning rate moves the median weight by ~lr on the very first step, as far
+    as the first step from the base model did. Scaling the loss (hence every gradient) by 1/20 changes
+    nothing; the continue rule (lr x lr_factor with warm-up) cuts the movement by at least lr_factor."""
+    from apprentice.modeling import load_tokenizer
+    from apprentice.training.sft import train_sft
+
+    cfg, _ = _cfg(tmp_path)
+    tok = load_tokenizer(tiny_model_dir, "compact")
+    df = _oracle_rows(4)
+    recs = [{"messages": json.loads(m), "tools": json.loads(t)} for m, t in zip(df["messages"], df["tools"], strict=True)]
+    lr = 1e-3
+    old = cfg.sft.model_copy(update={"max_steps": 1, "learning_rate": lr, "max_length": 768})
+    train_sft(tiny_model_dir, tok, recs, tmp_path / "old", old)
+    step_old = _mean_step(Path(tiny_model_dir), tmp_path / "old")
+    assert 0.5 * lr < step_old <= 1.05 * lr  # a sign step: ~lr on the median weight
+
+    from apprentice.training import sft as sft_mod
+
+    class Scaled(sft_mod.ApprenticeSFTTrainer):  # the same data, gradients 20x smaller (a "fitted" model)
+        def compute_loss(self, *a, **kw):  # noqa: ANN002, ANN003
+            return super().compute_loss(*a, **kw) * 0.05
+
+    orig = sft_mod.ApprenticeSFTTrainer
+    sft_mod.ApprenticeSFTTrainer = Scaled
+    try:
+        train_sft(tiny_model_dir, tok, recs, tmp_path / "small", old)
+    finally:
+        sft_mod.ApprenticeSFTTrainer = orig
+    assert _mean_step(Path(tiny_model_dir), tmp_path / "small") == pytest.approx(step_old, rel=0.2)
+
+    lr_new, warm = loop.sft_schedule("continue", 2, lr, cfg.loop.lr_factor, cfg.loop.warmup_steps)
+    new = old.model_copy(update={"max_steps": 2, "learning_rate": lr_new})
+    train_sft(tiny_model_dir, tok, recs, tmp_path / "new", new, warmup_steps=warm)
+    assert _mean_step(Path(tiny_model_dir), tmp_path / "new") <= cfg.loop.lr_factor * step_old * 1.05
