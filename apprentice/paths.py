@@ -200,6 +200,12 @@ class Paths:
         return self.reports / "curves"
 
     @property
+    def drift_record(self) -> Path:
+        """Drift guards (issue L): the champion after each promotion 1..k, its per-family success and
+        action diversity on the benchmark (flat numbers of iteration k become MLflow metrics)."""
+        return self.reports / "drift.json"
+
+    @property
     def report_page(self) -> Path:
         """The iteration's one-page report."""
         return self.reports / "index.html"

@@ -201,11 +201,13 @@ def _report(w: Where) -> IO:
     return IO(deps=[curve_dir(p, s) for s in curve_stages()] + [p.eval_dir, p.benchmark_eval_dir]
               + [w.at(j).eval_dir for j in range(1, k)] + [p.gate_record, p.teacher_trajectories]
               + [w.at(j).promotion for j in range(1, k + 1)],
-              outs=[NoCache(p.curves_dir), NoCache(p.report_page)])
+              outs=[NoCache(p.curves_dir), NoCache(p.report_page)], metrics=[NoCache(p.drift_record)])
 
 
 def _report_artifacts(p: Paths) -> list[Path]:
-    return [p.report_page, p.curves_dir / "eval.md"] + [p.curves_dir / f"{s.name}.png" for s in curve_stages()]
+    # champion.png: the champion across iterations (the drift guard chart), also in MLflow
+    return [p.report_page, p.curves_dir / "eval.md", p.drift_record, p.curves_dir / "champion.png"] + \
+        [p.curves_dir / f"{s.name}.png" for s in curve_stages()]
 
 
 # --- the registry: execution order (once-stages, then one iteration's stages) ----------------------
@@ -264,7 +266,7 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/lineage.py", "apprentice/evaluation.py", "apprentice/gates.py"), io=_promote,
           results=lambda p: [p.promotion], tags=("champion.",), artifacts=lambda p: [p.promotion]),
     Stage("report", "apprentice.stages.report", code=("apprentice/report_html.py",), io=_report,
-          artifacts=_report_artifacts),
+          artifacts=_report_artifacts, results=lambda p: [p.drift_record]),
     Stage("evaluate-all", "apprentice.stages.evaluate_all", in_pipeline=False),
 )
 
