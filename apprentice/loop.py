@@ -25,6 +25,7 @@ Everything here is a function of tables (pandas) and seeds: the stage
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -103,10 +104,8 @@ def _calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
         fn = c.get("function", c) if isinstance(c, Mapping) else {}
         args = fn.get("arguments", {})
         if isinstance(args, str):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 args = json.loads(args)
-            except json.JSONDecodeError:
-                pass
         out.append((str(fn.get("name")), json.dumps(args, sort_keys=True)))
     return out
 

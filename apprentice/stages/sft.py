@@ -25,10 +25,9 @@ from apprentice.paths import Paths, atomic_path
 
 def start_record(cfg: Config, paths: Paths) -> dict[str, Any]:
     """Where iteration k's SFT starts: ``{"path", "source", "version", "iteration", "md5"}``."""
+    from apprentice.loop import starts_from_champion
     from apprentice.modeling import resolve_model_ref
     from apprentice.stages.promote import champion_path, weights_md5
-
-    from apprentice.loop import starts_from_champion
 
     prev = paths.previous()
     if prev is None or not starts_from_champion(cfg.loop.rule, paths.iteration):
@@ -60,10 +59,10 @@ def start_file(paths: Paths) -> Path:
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:
     from apprentice.gates import require_passed
+    from apprentice.loop import sft_schedule
     from apprentice.modeling import load_tokenizer
     from apprentice.training import common
     from apprentice.training.sft import train_sft
-    from apprentice.loop import sft_schedule
 
     require_passed(paths.sft_data, paths.gate_record)  # never train on data the gate did not pass
     common.setup_runtime(cfg)
