@@ -32,7 +32,12 @@ def test_iterations_chain_and_per_key_params():
     assert dvcgen.BENCHMARK in stages["synth-2"]["deps"]  # training is kept disjoint from it by content
     assert "data/iter_1/eval" in stages["synth-2"]["deps"]  # evolution reads the previous results
     assert "reports/iter_1/promotion.json" in stages["sft-2"]["deps"]  # SFT starts from the champion
-    assert "models/base" in stages["sft-1"]["deps"] and "models/base" not in stages["sft-2"]["deps"]
+    # issue L: the base folder is a dep of every SFT (loop.rule=restart starts iteration k from it)
+    assert "models/base" in stages["sft-1"]["deps"] and "models/base" in stages["sft-2"]["deps"]
+    assert "data/iter_2/train.parquet" in stages["sft-2"]["deps"] and "loop.rule" in stages["sft-2"]["params"]
+    assert {"data/iter_1/sft.parquet", "data/iter_2/sft.parquet", "reports/iter_1/promotion.json"} <= \
+        set(stages["loop-data-2"]["deps"])  # replay/union read every earlier validated set; self/repair the champion
+    assert stages["loop-data-2"]["outs"] == ["data/iter_2/train.parquet", "data/iter_2/champion.parquet"]
     assert "rl.learning_rate" in stages["rl-1"]["params"]
     assert not any(p.startswith("rl.") for s in ("synth-1", "sft-1", "validate-1") for p in stages[s].get("params", []))
     assert "apprentice/stages/rl.py" in stages["rl-1"]["deps"]
