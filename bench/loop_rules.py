@@ -88,7 +88,8 @@ def main() -> None:
     ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
     ap.add_argument("--table", type=Path, help="also write the Markdown table here")
     a = ap.parse_args()
-    env = {**os.environ, "APPRENTICE_QUIET": "1", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    env = {**os.environ, "APPRENTICE_QUIET": "1", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # dvc runs `python -m apprentice`
     pipe = prepare(a.workdir, a.profile, env)
     results: dict[str, tuple[list[dict], float]] = {}
     for rule in a.rules:
