@@ -237,7 +237,7 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/gates.py", "expectations"), io=_validate, builds_envs=True,
           results=lambda p: [p.gate_record], artifacts=lambda p: [p.gate_html, p.gate_record]),
     Stage("loop-data", "apprentice.stages.loop_data",
-          params=("loop", "model", "pipeline.seed", "rollout.teacher", "rollout.max_turns", "rollout.engine",
+          params=("loop", "model", "pipeline.seed", "rollout.teacher", "rollout.max_turns",
                   "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
                   "validate.max_message_chars", "sft.learning_rate"),
           code=("apprentice/gates.py", "expectations", "apprentice/rollout.py", "apprentice/policies", "apprentice/envs",
