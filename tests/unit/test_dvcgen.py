@@ -94,3 +94,15 @@ def test_per_model_stages_that_do_not_fold_into_a_matrix_fail_at_generation():
     bad = {**ok, "rl": {**ok["rl"], "deps": ["models/iter_1/reinforce"]}}
     with pytest.raises(RuntimeError, match="do not fold into one DVC matrix"):
         dvcgen._matrix(bad)
+
+
+def test_every_declared_param_is_in_params_yaml():
+    """DVC refuses a stage whose params name a key the params file lacks (a key with a default in
+    config.py but not written in params.yaml, like rollout.engine): found by issue L's dvc exp sweep."""
+    raw = load_raw(REPO / "params.yaml")
+    for name, stage in expand(dvcgen.pipeline(raw, repo=REPO)["stages"]).items():
+        for key in stage.get("params", []):
+            node = raw
+            for part in str(key).split("."):
+                assert isinstance(node, dict) and part in node, f"{name}: param {key} is not in params.yaml"
+                node = node[part]
