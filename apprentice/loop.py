@@ -44,9 +44,12 @@ def starts_from_champion(rule: str, iteration: int) -> bool:
 
 
 def sft_schedule(rule: str, iteration: int, learning_rate: float, lr_factor: float,
-                 warmup_steps: int) -> tuple[float, int]:
-    """(learning rate, warm-up steps) of iteration ``iteration``'s SFT under ``rule``."""
-    if starts_from_champion(rule, iteration):
+                 warmup_steps: int, trained_start: bool = True) -> tuple[float, int]:
+    """(learning rate, warm-up steps) of iteration ``iteration``'s SFT under ``rule``.
+
+    ``trained_start``: the champion is a trained model. While no candidate has beaten the base model
+    the champion *is* the base model, nothing fits the data yet, and the base recipe applies."""
+    if starts_from_champion(rule, iteration) and trained_start:
         return learning_rate * lr_factor, warmup_steps
     return learning_rate, 0
 

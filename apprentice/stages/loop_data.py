@@ -129,9 +129,13 @@ def build(cfg: Config, paths: Paths) -> tuple[pd.DataFrame, pd.DataFrame, dict[s
         rows = loop.replay(fresh, [loop._tagged(d, f"iter {j} replay") for j, d in enumerate(earlier_sets(paths), 1)],
                            lc.replay_share, lc.seed)
     rows = rows.reset_index(drop=True)
-    lr, warm = loop.sft_schedule(lc.rule, k, cfg.sft.learning_rate, lc.lr_factor, lc.warmup_steps)
+    from apprentice.stages.sft import start_record
+
+    start = start_record(cfg, paths)
+    lr, warm = loop.sft_schedule(lc.rule, k, cfg.sft.learning_rate, lc.lr_factor, lc.warmup_steps,
+                                 trained_start=start["version"] > 0)
     summary.update({"rows": len(rows), "by_source": {s: int(n) for s, n in rows[loop.SOURCE].value_counts().sort_index().items()},
-                    "start": "champion" if loop.starts_from_champion(lc.rule, k) else "base",
+                    "start": start["source"],
                     "sft_learning_rate": lr, "sft_warmup_steps": warm})
     return rows, champion, summary
 

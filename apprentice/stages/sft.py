@@ -75,7 +75,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
         tmp.write_text(json.dumps({"start_model": {**start, "path": _rel(Path(base), paths.root)}}, indent=1,
                                   sort_keys=True) + "\n")
     lr, warmup = sft_schedule(cfg.loop.rule, paths.iteration, cfg.sft.learning_rate, cfg.loop.lr_factor,
-                              cfg.loop.warmup_steps)
+                              cfg.loop.warmup_steps, trained_start=start["version"] > 0)
     sft_cfg = cfg.sft.model_copy(update={"learning_rate": lr})
     stamp = common.fingerprint({"sft": sft_cfg.model_dump(), "model": cfg.model.model_dump(), "warmup": warmup,
                                 "start": _rel(Path(base), paths.root)},

@@ -183,6 +183,8 @@ def test_sft_start_and_schedule_follow_the_rule(tmp_path):
     assert loop.sft_schedule("continue", 2, 2e-4, 0.1, 2) == pytest.approx((2e-5, 2))
     assert loop.sft_schedule("restart", 2, 2e-4, 0.1, 2) == (2e-4, 0)
     assert loop.sft_schedule("continue", 1, 2e-4, 0.1, 2) == (2e-4, 0)  # iteration 1 is the base recipe
+    # a champion that is still the base model (no candidate beat it) fits nothing yet: the base recipe
+    assert loop.sft_schedule("continue", 2, 2e-4, 0.1, 2, trained_start=False) == (2e-4, 0)
 
 
 def test_a_trained_checkpoint_keeps_the_base_tokenizer_template_and_generation_config(tmp_path, tiny_model_dir):
