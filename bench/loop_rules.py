@@ -35,11 +35,13 @@ RULES = ("continue", "restart", "self", "repair")
 
 
 def _read(path: str, rev: str, pipe: Path, binary: bool = False):  # noqa: ANN202
+    """``path`` (relative to the pipeline dir ``pipe``) as of experiment ``rev``; dvc.api wants the git root."""
     import dvc.api
 
-    mode = "rb" if binary else "r"
-    with dvc.api.open(path, repo=str(pipe), rev=rev, mode=mode) as f:
-        return f.read()
+    root = Path(sh(["git", "rev-parse", "--show-toplevel"], pipe, dict(os.environ)).strip())
+    prefix = pipe.resolve().relative_to(root.resolve()).as_posix()
+    full = f"{prefix}/{path}" if prefix != "." else path
+    return dvc.api.read(full, repo=str(root), rev=rev, mode="rb" if binary else "r")
 
 
 def champion_rows(pipe: Path, rev: str, iterations: int) -> list[dict]:
