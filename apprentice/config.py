@@ -336,6 +336,27 @@ class CurriculumConfig(Section):
         return v
 
 
+class LoopConfig(Section):
+    """How iteration k > 1 trains SFT (issue L; :mod:`apprentice.loop`, docs/experiments.md L)."""
+
+    rule: Literal["continue", "restart", "self", "repair"] = Field(
+        "continue", description="continue: from the champion at a lower learning rate with replay; restart: from "
+        "the base model on the union of all validated data; self: continue + the champion's verifier-passed "
+        "rollouts; repair: continue + the champion's failures cut at the first error, continued by the teacher.")
+    lr_factor: float = Field(0.1, gt=0, le=1, description="From the champion: SFT runs at sft.learning_rate x this.")
+    warmup_steps: int = Field(2, ge=0, description="From the champion: linear warm-up steps of the learning rate.")
+    replay_share: float = Field(0.5, ge=0, lt=1, description="From the champion: share of the SFT set drawn from "
+                                "earlier iterations' validated data (< 1: the new data always stays).")
+    self_share: float = Field(0.5, ge=0, le=1, description="self: share of the new data that is the champion's own "
+                              "verifier-passed episodes (at most as many as passed; teacher rows fill the rest).")
+    repair_share: float = Field(0.5, ge=0, le=1, description="repair: share of the new data that is repaired episodes.")
+    problems: int = Field(64, ge=1, description="self/repair: new problems the champion plays (its rollouts cost "
+                          "about one benchmark evaluation per 40 problems x samples).")
+    samples: int = Field(2, ge=1, description="self/repair: champion episodes per problem.")
+    temperature: float = Field(1.0, ge=0, description="self/repair: the champion's sampling temperature.")
+    seed: int = 0
+
+
 class RayConfig(Section):
     """Ray cluster for ``rollout.engine: ray`` (apprentice/distributed.py). Where episodes run, never
     what they compute: greedy results are identical to ``local``."""
@@ -386,6 +407,7 @@ class Config(Section):
     promote: PromoteConfig = PromoteConfig()
     lineage: LineageConfig = LineageConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
+    loop: LoopConfig = LoopConfig()
     ray: RayConfig = RayConfig()
     gpu: GPUConfig = GPUConfig()
 

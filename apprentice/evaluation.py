@@ -221,3 +221,27 @@ def success_ratio(df_a: pd.DataFrame, df_b: pd.DataFrame, n_resamples: int = 10_
     return {"ratio": ratio, "ci_low": lo, "ci_high": hi, "n_pairs": int(len(m)), "success_a": float(a.mean()),
             "success_b": float(b.mean()), "method": f"paired bootstrap over problems, {n_resamples} resamples, "
                                                     f"percentile {int(level * 100)} %"}
+
+
+def action_diversity(df: pd.DataFrame) -> dict[str, float]:
+    """A cheap policy-entropy proxy from episodes alone (no model pass): over every assistant turn of
+    ``df``, the Shannon entropy (nats) of the empirical distribution of actions (tool name + arguments,
+    or the raw text of a turn without a call) and the share of distinct actions. A loop that collapses
+    (METHODS.md §9: capability collapse over rounds, recursive drift from self-feedback) shows as both
+    falling across iterations while the problems stay the same (the fixed benchmark)."""
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    for raw in df["messages"]:
+        for m in json.loads(raw) if isinstance(raw, str) else raw:
+            if m.get("role") != "assistant":
+                continue
+            calls = m.get("tool_calls") or []
+            key = json.dumps([c.get("function", c) for c in calls], sort_keys=True) if calls else str(m.get("content"))
+            counts[key] += 1
+    n = sum(counts.values())
+    if not n:
+        return {"action_entropy": 0.0, "distinct_action_ratio": 0.0, "n_actions": 0.0}
+    ent = -sum(c / n * np.log(c / n) for c in counts.values())
+    return {"action_entropy": round(float(ent), 6), "distinct_action_ratio": round(len(counts) / n, 6),
+            "n_actions": float(n)}

@@ -92,6 +92,21 @@ class Paths:
         return self.data / "sft.parquet"
 
     @property
+    def train_data(self) -> Path:
+        """What SFT trains on: the validated set mixed by the loop rule (``loop``; issue L)."""
+        return self.data / "train.parquet"
+
+    @property
+    def champion_rollouts(self) -> Path:
+        """The champion's episodes on this iteration's problems (loop rules ``self`` and ``repair``)."""
+        return self.data / "champion.parquet"
+
+    @property
+    def loop_record(self) -> Path:
+        """The loop-data stage's summary: rule, rows per source, learning rate (DVC metrics)."""
+        return self.reports / "loop.json"
+
+    @property
     def gate_record(self) -> Path:
         """The validate stage's summary; records whether the gate passed and the SFT set's SHA-256."""
         return self.reports / "gate.json"
@@ -183,6 +198,12 @@ class Paths:
     def curves_dir(self) -> Path:
         """The report stage's learning curves (CSV for DVC plots, PNG) and ``eval.md``."""
         return self.reports / "curves"
+
+    @property
+    def drift_record(self) -> Path:
+        """Drift guards (issue L): the champion after each promotion 1..k, its per-family success and
+        action diversity on the benchmark (flat numbers of iteration k become MLflow metrics)."""
+        return self.reports / "drift.json"
 
     @property
     def report_page(self) -> Path:

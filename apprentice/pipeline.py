@@ -152,10 +152,20 @@ def _validate(w: Where) -> IO:
               metrics=[NoCache(p.gate_record)])
 
 
+def _loop_data(w: Where) -> IO:
+    # the new validated set, every earlier one (replay, union) and, for k > 1, the champion the previous
+    # promotion names (the self/repair rules roll it out; path + md5 in the record)
+    p, prev, k = w.paths, w.prev, w.paths.iteration
+    return IO(deps=[p.sft_data, p.problems, *(w.at(j).sft_data for j in range(1, k))]
+              + ([prev.promotion] if prev else []),
+              outs=[p.train_data, p.champion_rollouts], metrics=[NoCache(p.loop_record)])
+
+
 def _sft(w: Where) -> IO:
-    # iteration k > 1 starts from the champion the previous promotion names (path + md5)
+    # iteration k > 1 starts from the champion the previous promotion names (path + md5), or from the
+    # base model under loop.rule=restart (so the base folder is a dep in every iteration)
     p, prev = w.paths, w.prev
-    return IO(deps=[p.sft_data, *(w.base if not prev else ())] + ([prev.promotion] if prev else []),
+    return IO(deps=[p.train_data, *w.base] + ([prev.promotion] if prev else []),
               outs=[p.sft_model], metrics=[NoCache(p.sft_start)])
 
 
@@ -191,11 +201,13 @@ def _report(w: Where) -> IO:
     return IO(deps=[curve_dir(p, s) for s in curve_stages()] + [p.eval_dir, p.benchmark_eval_dir]
               + [w.at(j).eval_dir for j in range(1, k)] + [p.gate_record, p.teacher_trajectories]
               + [w.at(j).promotion for j in range(1, k + 1)],
-              outs=[NoCache(p.curves_dir), NoCache(p.report_page)])
+              outs=[NoCache(p.curves_dir), NoCache(p.report_page)], metrics=[NoCache(p.drift_record)])
 
 
 def _report_artifacts(p: Paths) -> list[Path]:
-    return [p.report_page, p.curves_dir / "eval.md"] + [p.curves_dir / f"{s.name}.png" for s in curve_stages()]
+    # champion.png: the champion across iterations (the drift guard chart), also in MLflow
+    return [p.report_page, p.curves_dir / "eval.md", p.drift_record, p.curves_dir / "champion.png"] + \
+        [p.curves_dir / f"{s.name}.png" for s in curve_stages()]
 
 
 # --- the registry: execution order (once-stages, then one iteration's stages) ----------------------
@@ -224,7 +236,15 @@ STAGES: tuple[Stage, ...] = (
     Stage("validate", "apprentice.stages.validate", params=("validate",),
           code=("apprentice/gates.py", "expectations"), io=_validate, builds_envs=True,
           results=lambda p: [p.gate_record], artifacts=lambda p: [p.gate_html, p.gate_record]),
-    Stage("sft", "apprentice.stages.sft", params=("sft", "model", "pipeline.seed"),
+    Stage("loop-data", "apprentice.stages.loop_data",
+          params=("loop", "model", "pipeline.seed", "rollout.teacher", "rollout.max_turns",
+                  "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
+                  "validate.max_message_chars", "sft.learning_rate"),
+          code=("apprentice/gates.py", "expectations", "apprentice/rollout.py", "apprentice/policies", "apprentice/envs",
+                "apprentice/templates"),
+          io=_loop_data, builds_envs=True, results=lambda p: [p.loop_record], tags=("rule", "start")),
+    Stage("sft", "apprentice.stages.sft",
+          params=("sft", "model", "pipeline.seed", "loop.rule", "loop.lr_factor", "loop.warmup_steps"),
           code=("apprentice/training", "apprentice/modeling.py", "apprentice/templates", "apprentice/trajectories.py"),
           io=_sft, results=lambda p: [p.sft_start], tags=("start_model.",), curve="sft"),
     Stage("rl", "apprentice.stages.rl",
@@ -246,7 +266,7 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/lineage.py", "apprentice/evaluation.py", "apprentice/gates.py"), io=_promote,
           results=lambda p: [p.promotion], tags=("champion.",), artifacts=lambda p: [p.promotion]),
     Stage("report", "apprentice.stages.report", code=("apprentice/report_html.py",), io=_report,
-          artifacts=_report_artifacts),
+          artifacts=_report_artifacts, results=lambda p: [p.drift_record]),
     Stage("evaluate-all", "apprentice.stages.evaluate_all", in_pipeline=False),
 )
 

@@ -194,6 +194,7 @@ def collect(paths: Paths, mlflow_runs: Mapping[str, Any] | None = None, git_comm
         "exclusions": exclusions(paths, bool(vcfg.get("success_only", True))),
         "promotion": _json(paths.promotion), "alpha": pcfg.get("alpha"),
         "trend": trend(paths.root, paths.iteration), "dvc": dvc_hashes(paths.root, paths.iteration),
+        "drift": _drift(paths),
         "mlflow": _relative_store(dict(mlflow_runs or {}), paths.root), "git_commit": git_commit or "unknown",
     }
 
@@ -415,6 +416,33 @@ def _trend(tr: list[dict[str, Any]]) -> str:
     return table + chart
 
 
+def _drift(paths: Paths) -> list[dict[str, Any]]:
+    from apprentice.stages.report import drift_history
+
+    try:
+        return drift_history(paths)
+    except Exception:  # a malformed evaluation table: the learning table reports it
+        return []
+
+
+def _drift_section(history: list[dict[str, Any]]) -> str:
+    """Drift guards (METHODS.md §9): the champion per iteration, per family, and its action diversity."""
+    if not any("success_rate" in r for r in history):
+        return _missing("champion evaluations", "Each iteration's promote stage names a champion; its benchmark "
+                        "episodes give the per-family success and action diversity.")
+    from apprentice.stages.report import champion_chart
+
+    fams = sorted({k for r in history for k in r if k.startswith("family_")})
+    head = ["iteration", "champion", "success", "95% Wilson CI", *(f.split("/")[0].removeprefix("family_") for f in fams),
+            "action entropy (nats)", "distinct actions"]
+    rows = [[f"iteration {r['iteration']}", _e(r["champion"]), _pct(r.get("success_rate")),
+             _ci(r.get("success_ci_low"), r.get("success_ci_high")), *(_pct(r.get(f)) for f in fams),
+             _f(r.get("action_entropy"), ".3f"), _pct(r.get("distinct_action_ratio"))] for r in history]
+    note = ('<p class="muted">Falling action entropy or distinct-action share on the same benchmark, or a family '
+            "whose success falls while the total holds, is the collapse / recursive-drift warning.</p>")
+    return _table(head, rows) + note + _svg(champion_chart(history))
+
+
 def _lineage(data: dict[str, Any]) -> str:
     ml = data["mlflow"]
     out = [f"<p>git commit <code>{_e(data['git_commit'])}</code>; work dir: the folder holding this run's "
@@ -453,6 +481,7 @@ def render(data: dict[str, Any]) -> str:
                 ("gate", "Data gate", _gate(data["gate"], data["exclusions"])),
                 ("promotion", "Promotion", _promotion(data["promotion"], data["alpha"])),
                 ("trend", "Champion across iterations", _trend(data["trend"])),
+                ("drift", "Drift guards", _drift_section(data.get("drift", []))),
                 ("lineage", "Lineage", _lineage(data))]
     nav = "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t, _ in sections)
     body = "".join(f'<section id="{i}"><h2>{_e(t)}</h2>{s}</section>' for i, t, s in sections)

@@ -71,6 +71,7 @@ class _Episode:
     truncated: bool = False
     wall_s: float = 0.0
     error: str = ""  # the policy could not produce a turn: the episode failed (not a model outcome)
+    context_turns: int = 0  # messages a replayed start (``starts``) left: context, not the policy's
 
     def size(self) -> int:
         """Rough prompt length (characters) to group similar lengths into one batch."""
@@ -154,6 +155,7 @@ def run_episodes(
     max_format_errors: int = 0,
     episode_tokens: int = 0,
     count_tokens: Callable[[str], int] | None = None,
+    starts: Sequence[Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[Trajectory]:
     """Run ``samples_per_problem`` episodes of every spec with ``policy``; return one Trajectory each.
 
@@ -165,6 +167,11 @@ def run_episodes(
     ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn
     completion (``max_completion_length``): generated tokens *plus* tool responses (counted with
     ``count_tokens``); a turn that would pass the budget is cut (truncated, its calls not run).
+    ``starts`` (one per spec): assistant turns to replay first, through the same engine, in a fresh
+    environment; the policy then continues from the state they reach (the loop's ``repair`` rule:
+    a failed episode cut at its first error, continued by the teacher). The observations come from
+    the replay, not from the caller, and ``extra["context_turns"]`` records how many messages the
+    replayed start left (training masks them).
     Results are ordered by (spec, sample index).
     """
     if isinstance(specs, pd.DataFrame):
@@ -185,8 +192,10 @@ def run_episodes(
     make_env = env_factory or _default_env
     rng_state = _seed_everything(seed)
 
+    if starts is not None and len(starts) != len(specs):
+        raise ValueError(f"starts: one list of assistant turns per spec ({len(specs)}), got {len(starts)}")
     episodes: list[_Episode] = []
-    for spec, level in zip(specs, lv, strict=True):
+    for i, (spec, level) in enumerate(zip(specs, lv, strict=True)):
         for k in range(samples_per_problem):
             env = make_env(spec)
             first = env.reset(spec=spec)
@@ -203,6 +212,8 @@ def run_episodes(
                     budget=max(budget, 1), context=context,
                 )
             )
+            if starts is not None:
+                _replay_start(episodes[-1], starts[i], fmt, require_tool_call)
 
     t0 = time.perf_counter()
     bar = tqdm(total=len(episodes), desc=f"rollout {pid}", unit="ep", disable=not progress, dynamic_ncols=True)
@@ -247,6 +258,19 @@ def run_episodes(
         _restore_rng(rng_state)
 
     return [_trajectory(e, pid) for e in episodes]
+
+
+def _replay_start(ep: _Episode, turns: Sequence[Mapping[str, Any]], fmt: str, require_tool_call: bool) -> None:
+    """Play ``turns`` (assistant messages) into ``ep`` as if a policy had produced them."""
+    from apprentice.policies.toolcalls import render_assistant
+
+    for m in turns:
+        if ep.finished:
+            break
+        msg = {"role": "assistant", "content": m.get("content") or "", **({"tool_calls": list(m["tool_calls"])}
+                                                                        if m.get("tool_calls") else {})}
+        _apply(ep, Turn(message=msg, raw=render_assistant(msg)), fmt, require_tool_call)
+    ep.context_turns = len(ep.messages)
 
 
 def _wants_plan(policy: Policy) -> bool:
@@ -359,5 +383,6 @@ def _trajectory(ep: _Episode, policy_id: str) -> Trajectory:
         completion_tokens=ep.completion_tokens,
         wall_s=round(ep.wall_s, 4),
         extra={"budget": ep.budget, "tool_calls": ep.tool_calls, **({"stopped": ep.stopped} if ep.stopped else {}),
+               **({"context_turns": ep.context_turns} if ep.context_turns else {}),
                **failed},
     )

@@ -51,7 +51,8 @@ def config(tiny: str, **sections) -> Config:
 
 
 def write_data(paths: Paths, n: int = 4) -> None:
-    """problems.parquet + sft.parquet (oracle trajectories) for the echo environment."""
+    """problems.parquet + sft.parquet (oracle trajectories) for the echo environment, and the set SFT
+    trains on (train.parquet: what the loop-data stage writes in iteration 1)."""
     from apprentice.policies.oracle import OraclePolicy
     from apprentice.rollout import run_episodes
     from apprentice.trajectories import problems_frame, trajectories_frame, write_parquet
@@ -67,3 +68,7 @@ def write_data(paths: Paths, n: int = 4) -> None:
     )
 
     gates.write_reports([], paths.reports / "gate.html", paths.gate_record, "fixture", sft_path=paths.sft_data)
+    from apprentice.config import Config
+    from apprentice.stages import loop_data
+
+    loop_data.run(Config(), paths)

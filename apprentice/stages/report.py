@@ -147,6 +147,68 @@ def champion_trend(paths: Paths) -> str:
     return "\n".join(lines) + "\n"
 
 
+def drift_history(paths: Paths) -> list[dict[str, Any]]:
+    """Per iteration 1..k with a promotion record: the champion after it, its benchmark success (with
+    the Wilson interval), per-family success, and its action diversity (the policy-entropy proxy,
+    :func:`apprentice.evaluation.action_diversity`): the drift guards of METHODS.md §9."""
+    from apprentice.evaluation import action_diversity, summarize
+    from apprentice.trajectories import read_parquet
+
+    out = []
+    for j in range(1, paths.iteration + 1):
+        rec = Paths(paths.root, j).promotion
+        if not rec.exists():
+            continue
+        champ = json.loads(rec.read_text()).get("champion") or {}
+        eps = episodes_of(champ, paths) if champ else None
+        row: dict[str, Any] = {"iteration": j, "champion": "base" if champ.get("kind") == "base" else
+                               f"v{champ.get('version')} (iter {champ.get('iteration')} {champ.get('kind')})"}
+        if eps is not None and eps.exists():
+            df = read_parquet(eps)
+            m = summarize(df)
+            row.update({"success_rate": m["success_rate"], "success_ci_low": m["success_ci_low"],
+                        "success_ci_high": m["success_ci_high"], **action_diversity(df)})
+            row.update({k: v for k, v in m.items() if k.startswith("family_") and k.endswith("/success_rate")})
+        out.append(row)
+    return out
+
+
+def champion_chart(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Vega-Lite: the champion's benchmark success per iteration (with its interval) and per family."""
+    values = []
+    for r in history:
+        if "success_rate" not in r:
+            continue
+        values.append({"iteration": r["iteration"], "series": "champion (all)", "success": r["success_rate"],
+                       "lo": r["success_ci_low"], "hi": r["success_ci_high"]})
+        values += [{"iteration": r["iteration"], "series": k.split("/")[0].removeprefix("family_"), "success": v}
+                   for k, v in r.items() if k.startswith("family_")]
+    x = {"field": "iteration", "type": "ordinal"}
+    y = {"field": "success", "type": "quantitative", "scale": {"domain": [0, 1]}, "axis": {"format": "%"},
+         "title": "benchmark success"}
+    return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "width": 420, "height": 200,
+            "title": "champion across iterations (drift guard)", "data": {"values": values},
+            "layer": [{"transform": [{"filter": "isValid(datum.lo)"}], "mark": "rule",
+                       "encoding": {"x": x, "y": {**y, "field": "lo"}, "y2": {"field": "hi"}}},
+                      {"mark": {"type": "line", "point": True},
+                       "encoding": {"x": x, "y": y, "color": {"field": "series", "type": "nominal"}}}]}
+
+
+def write_drift(paths: Paths, tmp_curves: Path) -> list[dict[str, Any]]:
+    """``reports/iter_k/drift.json`` (this iteration's numbers flat, for MLflow; the history) and the
+    champion chart ``curves/champion.png``."""
+    history = drift_history(paths)
+    now = next((r for r in history if r["iteration"] == paths.iteration), {})
+    flat = {f"champion_{k}": v for k, v in now.items() if isinstance(v, int | float) and k != "iteration"}
+    with atomic_path(paths.drift_record) as tmp:
+        tmp.write_text(json.dumps({**flat, "history": history}, indent=1, sort_keys=True) + "\n")
+    if any("success_rate" in r for r in history):
+        import vl_convert as vlc
+
+        (tmp_curves / "champion.png").write_bytes(vlc.vegalite_to_png(champion_chart(history), scale=1.5))
+    return history
+
+
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     out = paths.curves_dir
     written = []
@@ -160,6 +222,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                 spec = _chart(df, f"iteration {paths.iteration}: {name}")
                 (tmp / f"{name}.png").write_bytes(vlc.vegalite_to_png(spec, scale=1.5))
                 written.append(str(out / f"{name}.png"))
+        write_drift(paths, tmp)
         trend, pairs = champion_trend(paths), model_comparisons(paths)
         (tmp / "eval.md").write_text(f"benchmark ({paths.benchmark.name}, the same problems in every iteration):\n"
                                      + benchmark_table(paths) + ("\n" + pairs if pairs else "")

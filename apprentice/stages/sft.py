@@ -3,7 +3,10 @@
 Start model: iteration 1 starts from ``model.base``; iteration k > 1 from the registry **champion**
 after promote-(k-1), read from ``reports/iter_{k-1}/promotion.json`` (its ``champion`` entry: the
 model the registry calls best, or the base model while no candidate has beaten it). A challenger
-that lost is never trained further. The record is a DVC dependency of this stage and names the
+that lost is never trained further. The loop rule (``loop.rule``, :mod:`apprentice.loop`) decides
+the rest: ``restart`` starts every iteration from the base model; the rules that continue from the
+champion train at ``sft.learning_rate x loop.lr_factor`` with ``loop.warmup_steps`` of warm-up. The
+data is the loop-data stage's ``data/iter_k/train.parquet`` (the validated set mixed by the rule). The record is a DVC dependency of this stage and names the
 weights by md5, so ``dvc repro`` rebuilds the same chain without MLflow. The start model (path +
 md5 + where it came from) is written to ``reports/iter_k/sft_start.json`` (DVC metrics; logged to
 MLflow as tags). Rerunning with unchanged params and inputs is a no-op; an interrupted run resumes
@@ -22,13 +25,15 @@ from apprentice.paths import Paths, atomic_path
 
 def start_record(cfg: Config, paths: Paths) -> dict[str, Any]:
     """Where iteration k's SFT starts: ``{"path", "source", "version", "iteration", "md5"}``."""
+    from apprentice.loop import starts_from_champion
     from apprentice.modeling import resolve_model_ref
     from apprentice.stages.promote import champion_path, weights_md5
 
     prev = paths.previous()
-    if prev is None:
+    if prev is None or not starts_from_champion(cfg.loop.rule, paths.iteration):
         ref = resolve_model_ref(cfg.model.base, paths.root)
-        return {"path": ref, "source": "base", "version": 0, "iteration": 0,
+        return {"path": ref, "source": "base" if prev is None else f"base (loop.rule={cfg.loop.rule})",
+                "version": 0, "iteration": 0,
                 "md5": weights_md5(Path(ref)) if Path(ref).is_dir() else ""}
     if not prev.promotion.exists():
         raise FileNotFoundError(f"iteration {paths.iteration} starts from the champion after promote-{prev.iteration}, "
@@ -54,10 +59,10 @@ def start_file(paths: Paths) -> Path:
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:
     from apprentice.gates import require_passed
+    from apprentice.loop import sft_schedule
     from apprentice.modeling import load_tokenizer
     from apprentice.training import common
     from apprentice.training.sft import train_sft
-    from apprentice.trajectories import read_parquet, to_sft_records
 
     require_passed(paths.sft_data, paths.gate_record)  # never train on data the gate did not pass
     common.setup_runtime(cfg)
@@ -69,13 +74,34 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
 
         tmp.write_text(json.dumps({"start_model": {**start, "path": _rel(Path(base), paths.root)}}, indent=1,
                                   sort_keys=True) + "\n")
-    stamp = common.fingerprint({"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(),
+    lr, warmup = sft_schedule(cfg.loop.rule, paths.iteration, cfg.sft.learning_rate, cfg.loop.lr_factor,
+                              cfg.loop.warmup_steps, trained_start=start["version"] > 0)
+    sft_cfg = cfg.sft.model_copy(update={"learning_rate": lr})
+    stamp = common.fingerprint({"sft": sft_cfg.model_dump(), "model": cfg.model.model_dump(), "warmup": warmup,
                                 "start": _rel(Path(base), paths.root)},
-                               [paths.sft_data, Path(base)])
+                               [paths.train_data, Path(base)])
     if common.is_done(paths.sft_model, stamp):
         return {"model": str(paths.sft_model), "skipped": True, "reason": "outputs up to date"}
-    records = to_sft_records(read_parquet(paths.sft_data))
+    records = train_records(paths)
     tok = load_tokenizer(base, cfg.model.chat_template)
-    result = train_sft(base, tok, records, paths.sft_model, cfg.sft, dtype=cfg.model.dtype, stamp=stamp,
-                       callbacks=callbacks or [])
-    return {"start_model": base, "start_model_md5": start["md5"], "start_source": start["source"], **result}
+    result = train_sft(base, tok, records, paths.sft_model, sft_cfg, dtype=cfg.model.dtype, stamp=stamp,
+                       callbacks=callbacks or [], warmup_steps=warmup)
+    return {"start_model": base, "start_model_md5": start["md5"], "start_source": start["source"],
+            "learning_rate": lr, "warmup_steps": warmup, **result}
+
+
+def train_records(paths: Paths) -> list[dict[str, Any]]:
+    """The loop-data stage's rows as TRL records; a row's ``context_turns`` (repair) travels along."""
+    from apprentice.loop import CONTEXT
+    from apprentice.trajectories import read_parquet, to_sft_records
+
+    if not paths.train_data.exists():
+        raise FileNotFoundError(f"{paths.train_data} does not exist; run `python -m apprentice loop-data --iter "
+                                f"{paths.iteration}` first (dvc repro does)")
+    df = read_parquet(paths.train_data)
+    records = to_sft_records(df)
+    if CONTEXT in df.columns:
+        for r, n in zip(records, df[CONTEXT].fillna(0).astype(int), strict=True):
+            if n:
+                r[CONTEXT] = int(n)
+    return records

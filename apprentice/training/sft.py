@@ -78,8 +78,25 @@ def build_dataset(records: Sequence[dict[str, Any]], tokenizer: Any = None, hori
         if not records:
             raise ValueError(f"no SFT record fits sft.max_length={max_length} tokens even cut to its first assistant "
                              "turn; raise sft.max_length")
+    if any(context_turns(r) > episode_start(r["messages"]) for r in records):
+        # some records train on a continuation only (repair data): TRL's conversational prompt-completion
+        # form masks the prompt (completion_only_loss) and, with assistant_only_loss, the tool turns too;
+        # a plain record becomes prompt = [system, task], which masks exactly what it masked before
+        split = [(list(r["messages"][:max(context_turns(r), episode_start(r["messages"]))]),
+                  list(r["messages"][max(context_turns(r), episode_start(r["messages"])):]), r) for r in records]
+        rows = [{"prompt": p, "completion": c, "tools": list(r.get("tools") or [])} for p, c, r in split if c]
+        if not rows:
+            raise ValueError("every SFT record is all context (context_turns covers all its messages); nothing "
+                             "to train on")
+        return Dataset.from_list(rows, features=Features({"prompt": List(Json()), "completion": List(Json()),
+                                                          "tools": List(Json())}))
     rows = [{"messages": list(r["messages"]), "tools": list(r.get("tools") or [])} for r in records]
     return Dataset.from_list(rows, features=Features({"messages": List(Json()), "tools": List(Json())}))
+
+
+def context_turns(record: dict[str, Any]) -> int:
+    """How many leading messages of ``record`` are context only (0: the system prompt and task only)."""
+    return int(record.get("context_turns") or 0)
 
 
 def lora_config(r: int) -> Any:
@@ -88,18 +105,22 @@ def lora_config(r: int) -> Any:
     return LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-def sft_trl_config(sft: SFTConfig, output_dir: Path, dtype: str, fast: bool = True, **extra: Any) -> Any:
+def sft_trl_config(sft: SFTConfig, output_dir: Path, dtype: str, fast: bool = True, warmup_steps: int = 0,
+                   **extra: Any) -> Any:
     """The ``trl.SFTConfig`` our stage runs with (the benchmark builds raw TRL from the same values).
 
     ``fast``: padding-free batches (records are pre-cut to ``max_length`` by :func:`fit_length`, so TRL's
-    own truncation is off); ``fast=False`` is TRL's padded default."""
+    own truncation is off); ``fast=False`` is TRL's padded default. ``warmup_steps``: linear warm-up of
+    the learning rate (the loop's ``continue`` rule: a fresh AdamW's first steps are sign-like steps of
+    the full learning rate on every weight, see :mod:`apprentice.loop`)."""
     from trl import SFTConfig as TRLSFTConfig
 
     length = {"padding_free": True, "max_length": None} if fast else {"max_length": sft.max_length}
     return common.trl_args(
         TRLSFTConfig, output_dir, dtype=dtype, max_steps=sft.max_steps, batch_size=sft.batch_size,
         grad_accum=sft.grad_accum, learning_rate=sft.learning_rate, save_steps=sft.save_steps, seed=sft.seed,
-        deepspeed=common.deepspeed_config(sft.deepspeed), assistant_only_loss=True, **length, **extra,
+        deepspeed=common.deepspeed_config(sft.deepspeed), assistant_only_loss=True, warmup_steps=warmup_steps,
+        **length, **extra,
     )
 
 
@@ -163,8 +184,11 @@ def _zero_stage(trainer: Any) -> int | None:
 
 def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], final_dir: Path, sft: SFTConfig, *,
               dtype: str = "auto", stamp: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
-              stage: str = "sft") -> dict[str, Any]:
+              stage: str = "sft", warmup_steps: int = 0) -> dict[str, Any]:
     """Fine-tune ``model`` (path or loaded) on ``records``; write ``final_dir``; resume if checkpoints exist.
+
+    A record may carry ``context_turns`` = n: its first n messages are context only (no loss), the
+    loop's ``repair`` data (see :func:`build_dataset`).
 
     Returns a summary: steps, the step it resumed from, final loss, wall time, metrics path.
     """
@@ -184,7 +208,7 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
         model = load_model(model, dtype="fp32")  # fp32 master weights; bf16 runs as autocast
     model.train()
     restore_attn = use_varlen(model)
-    args = sft_trl_config(sft, work, dtype)
+    args = sft_trl_config(sft, work, dtype, warmup_steps=warmup_steps)
     ckpt = common.last_checkpoint(work)
     common.trim_metrics(metrics, stage, common.checkpoint_step(ckpt))
     logged = common.MetricsCallback(metrics, stage)  # after the trim: it continues the kept rows

@@ -32,7 +32,12 @@ def test_iterations_chain_and_per_key_params():
     assert dvcgen.BENCHMARK in stages["synth-2"]["deps"]  # training is kept disjoint from it by content
     assert "data/iter_1/eval" in stages["synth-2"]["deps"]  # evolution reads the previous results
     assert "reports/iter_1/promotion.json" in stages["sft-2"]["deps"]  # SFT starts from the champion
-    assert "models/base" in stages["sft-1"]["deps"] and "models/base" not in stages["sft-2"]["deps"]
+    # issue L: the base folder is a dep of every SFT (loop.rule=restart starts iteration k from it)
+    assert "models/base" in stages["sft-1"]["deps"] and "models/base" in stages["sft-2"]["deps"]
+    assert "data/iter_2/train.parquet" in stages["sft-2"]["deps"] and "loop.rule" in stages["sft-2"]["params"]
+    assert {"data/iter_1/sft.parquet", "data/iter_2/sft.parquet", "reports/iter_1/promotion.json"} <= \
+        set(stages["loop-data-2"]["deps"])  # replay/union read every earlier validated set; self/repair the champion
+    assert stages["loop-data-2"]["outs"] == ["data/iter_2/train.parquet", "data/iter_2/champion.parquet"]
     assert "rl.learning_rate" in stages["rl-1"]["params"]
     assert not any(p.startswith("rl.") for s in ("synth-1", "sft-1", "validate-1") for p in stages[s].get("params", []))
     assert "apprentice/stages/rl.py" in stages["rl-1"]["deps"]
@@ -89,3 +94,15 @@ def test_per_model_stages_that_do_not_fold_into_a_matrix_fail_at_generation():
     bad = {**ok, "rl": {**ok["rl"], "deps": ["models/iter_1/reinforce"]}}
     with pytest.raises(RuntimeError, match="do not fold into one DVC matrix"):
         dvcgen._matrix(bad)
+
+
+def test_every_declared_param_is_in_params_yaml():
+    """DVC refuses a stage whose params name a key the params file lacks (a key with a default in
+    config.py but not written in params.yaml, like rollout.engine): found by issue L's dvc exp sweep."""
+    raw = load_raw(REPO / "params.yaml")
+    for name, stage in expand(dvcgen.pipeline(raw, repo=REPO)["stages"]).items():
+        for key in stage.get("params", []):
+            node = raw
+            for part in str(key).split("."):
+                assert isinstance(node, dict) and part in node, f"{name}: param {key} is not in params.yaml"
+                node = node[part]

@@ -75,11 +75,13 @@ def test_a_new_stage_is_one_module_and_one_entry(hello, tmp_path):
 def test_registry_reproduces_the_tables_it_replaced():
     """The values the hand-kept tables held before issue H (CLI verbs, flow order, retries, lineage)."""
     assert set(pipeline.verbs()) == {"prepare-base", "benchmark", "synth", "rollout", "teacher-rollout", "validate",
-                                     "sft", "rl", "distill", "evaluate", "evaluate-all", "promote", "report", "evolve"}
+                                     "sft", "rl", "distill", "evaluate", "evaluate-all", "promote", "report", "evolve",
+                                     "loop-data"}
     assert pipeline.get("rollout").name == "teacher-rollout"
     assert pipeline.once_stages() == ["prepare-base", "benchmark"]
-    assert pipeline.iteration_stages() == ["synth", "evolve", "teacher-rollout", "validate", "sft", "rl", "distill",
-                                           "evaluate", "promote", "report"]
+    # issue L: loop-data (the set SFT trains on, mixed by loop.rule) between validate and sft
+    assert pipeline.iteration_stages() == ["synth", "evolve", "teacher-rollout", "validate", "loop-data", "sft", "rl",
+                                           "distill", "evaluate", "promote", "report"]
     assert {s.name: s.retries for s in pipeline.STAGES if s.retries} == {
         "teacher-rollout": pipeline.ROLLOUT_RETRIES, "evaluate": pipeline.ROLLOUT_RETRIES}
     assert [(s.name, s.curve) for s in pipeline.curve_stages()] == [("sft", "sft"), ("rl", "rl"), ("distill", "student")]
@@ -89,15 +91,18 @@ def test_registry_reproduces_the_tables_it_replaced():
     assert {k: v[0] for k, v in rel.items() if v[0]} == {
         "benchmark": ["w/data/benchmark/benchmark.json"], "evolve": ["w/data/iter_3/evolve.json"],
         "validate": ["w/reports/iter_3/gate.json"], "sft": ["w/reports/iter_3/sft_start.json"],
+        "loop-data": ["w/reports/iter_3/loop.json"], "report": ["w/reports/iter_3/drift.json"],
         "evaluate": ["w/data/benchmark/eval/base.json", "w/data/iter_3/eval/sft.json", "w/data/iter_3/eval/rl.json",
                      "w/data/iter_3/eval/student.json"],
         "promote": ["w/reports/iter_3/promotion.json"]}
     assert {k: v[1] for k, v in rel.items() if v[1]} == {
         "validate": ["w/reports/iter_3/gate.html", "w/reports/iter_3/gate.json"],
         "promote": ["w/reports/iter_3/promotion.json"],
-        "report": ["w/reports/iter_3/index.html", "w/reports/iter_3/curves/eval.md", "w/reports/iter_3/curves/sft.png",
+        "report": ["w/reports/iter_3/index.html", "w/reports/iter_3/curves/eval.md", "w/reports/iter_3/drift.json",
+                   "w/reports/iter_3/curves/champion.png", "w/reports/iter_3/curves/sft.png",
                    "w/reports/iter_3/curves/rl.png", "w/reports/iter_3/curves/distill.png"]}
-    assert {k: v[2] for k, v in rel.items() if v[2]} == {"sft": ("start_model.",), "promote": ("champion.",)}
+    assert {k: v[2] for k, v in rel.items() if v[2]} == {"sft": ("start_model.",), "promote": ("champion.",),
+                                                          "loop-data": ("rule", "start")}
 
 
 def test_unknown_stage_names_the_choices():

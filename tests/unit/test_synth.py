@@ -167,3 +167,31 @@ def test_sampler_without_a_previous_iteration_keeps_the_first_candidates(tmp_pat
     cfg = _cfg(sampler="dtac")
     summary = _run(cfg, Paths(tmp_path, 1))
     assert summary["train"] == 12 and "no previous" in summary["selection"]["fallback"]
+
+
+def test_the_shipped_benchmark_can_tell(tmp_path):
+    """Issue L item 1: the default benchmark has >= 160 problems, every trained family at every trained
+    level and at harder ones, balanced per (family, level), and no training problem of iterations 1-2
+    shares its content or its task text (the shipped params, only n_train as shipped)."""
+    from pathlib import Path
+
+    from apprentice.config import load_config
+    from apprentice.dedupe import spec_task_key
+    from apprentice.evaluation import wilson_interval
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "params.yaml")
+    assert cfg.benchmark.n >= 160
+    assert set(cfg.benchmark_families) >= set(cfg.synth.families)
+    assert max(cfg.benchmark_levels) > max(cfg.synth.levels) and set(cfg.benchmark_levels) >= set(cfg.synth.levels)
+    lo, hi = wilson_interval(cfg.benchmark.n // 2, cfg.benchmark.n)
+    assert (hi - lo) / 2 < 0.08  # a 10-point gain is no longer inside one interval's half-width
+    bench = pd.read_parquet(benchmark.run(cfg, Paths(tmp_path, 1)) and Paths(tmp_path, 1).benchmark)
+    cells = bench.groupby(["family", "level"]).size()
+    assert cells.min() == cells.max() and len(cells) == len(cfg.benchmark_families) * len(cfg.benchmark_levels)
+    held = {content_key(s) for s in specs_of(bench)}
+    tasks = {spec_task_key(s) for s in specs_of(bench)}
+    for k in (1, 2):
+        synth.run(cfg, Paths(tmp_path, k))
+        train = specs_of(pd.read_parquet(Paths(tmp_path, k).problems))
+        assert not {content_key(s) for s in train} & held
+        assert not {spec_task_key(s) for s in train} & tasks
