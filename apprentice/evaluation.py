@@ -243,5 +243,5 @@ def action_diversity(df: pd.DataFrame) -> dict[str, float]:
     if not n:
         return {"action_entropy": 0.0, "distinct_action_ratio": 0.0, "n_actions": 0.0}
     ent = -sum(c / n * np.log(c / n) for c in counts.values())
-    return {"action_entropy": round(float(ent), 6), "distinct_action_ratio": round(len(counts) / n, 6),
+    return {"action_entropy": round(float(ent), 6) + 0.0, "distinct_action_ratio": round(len(counts) / n, 6),
             "n_actions": float(n)}
