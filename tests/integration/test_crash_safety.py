@@ -90,15 +90,15 @@ def _differences(weights: dict, ref_weights: dict, rows: list[dict], ref_rows: l
 
 
 def _data(root: Path) -> None:
-    """problems + oracle SFT trajectories of the echo environment (the same data as test_training)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import test_training as t
+    """problems + oracle SFT trajectories of the echo environment (tests/echokit.py, as test_training)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from echokit import EchoEnv, write_data
 
     from apprentice.envs import FAMILIES
 
-    FAMILIES["echo"] = t.EchoEnv
+    FAMILIES["echo"] = EchoEnv
     try:
-        t._write_data(Paths(root))
+        write_data(Paths(root))
     finally:
         FAMILIES.pop("echo", None)
 

@@ -54,10 +54,10 @@ def test_stage_run_page_shows_parent_and_datasets(mlflow_ui, store):
     sft = next(r for r in store["runs"] if r.info.run_name == "sft-1" and r.data.tags.get("dvc.executed") == "True")
     with chromium() as d:
         d.get(f"{mlflow_ui}/#/experiments/{store['exp']}/runs/{sft.info.run_id}")
-        md5 = sft.data.tags["dvc.md5.input:data/iter_1/sft.parquet"]
+        md5 = sft.data.tags["dvc.md5.input:data/iter_1/train.parquet"]  # loop-data's set: what SFT trains on
         # the parent's name, the dataset with its digest (the DVC md5) and the params arrive in
         # separate requests: wait for every one
-        wait_for_all(d, ["Parent run", "iter-1", "Datasets", "data/iter_1/sft.parquet", md5[:32], "sft.max_steps"],
+        wait_for_all(d, ["Parent run", "iter-1", "Datasets", "data/iter_1/train.parquet", md5[:32], "sft.max_steps"],
                      "the run overview with its parent, dataset digest and params")
         _close_assistant(d)
         screenshot(d, "mlflow_stage_run")
