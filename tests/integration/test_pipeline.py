@@ -106,8 +106,8 @@ def test_killed_flow_resumes_and_records_lineage(project):
     assert len(c.get_metric_history(sft.info.run_id, "loss")) >= 1, "per-step metrics from the DVCLive files"
     lock = _lock(wd)
     sft_in = {d.dataset.name: d.dataset.digest for d in sft.inputs.dataset_inputs}
-    md5 = next(d["md5"] for d in lock["sft-1"]["deps"] if d["path"] == "data/iter_1/sft.parquet")
-    assert sft_in["data/iter_1/sft.parquet"] == md5[:32], "datasets carry the DVC md5"
+    md5 = next(d["md5"] for d in lock["sft-1"]["deps"] if d["path"] == "data/iter_1/train.parquet")  # loop-data's
+    assert sft_in["data/iter_1/train.parquet"] == md5[:32], "datasets carry the DVC md5"
     assert "models/iter_1/sft" in sft_in  # the output, by reference
     assert c.get_run(parent).data.tags["git.commit"] != "unknown"
 
