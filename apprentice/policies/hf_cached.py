@@ -62,6 +62,42 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
+PREFILL_CALL_COST = 48  # token-rows: a forward's fixed cost (weights read once) at prefill speed
+PREFILL_SWAP_COST = 4  # token-rows per row copied into and out of a sub-batch's cache
+
+
+def prefill_plan(new: list[int], width: int) -> list[tuple[int, int, list[int] | None]]:
+    """Chunks ``(first column, end column, rows or None for all)`` covering ``width`` prefill
+    columns whose row ``i`` holds its ``new[i]`` tokens right-aligned. Chosen by dynamic programming
+    over the distinct lengths to minimise padded token-rows plus each chunk's fixed cost (the two
+    constants above, measured as the order of magnitude on a 2-core CPU, not tuned). The last chunk
+    is always every row: every row has at least its last token there."""
+    cuts = sorted({n for n in new if 0 < n < width}, reverse=True) + [0]
+    points = [width, *cuts]  # distance from the right edge, decreasing; the chunks run left to right
+
+    def cost(i: int, j: int) -> float:  # columns at distance (points[j], points[i]] by rows longer than points[j]
+        rows = sum(n > points[j] for n in new)
+        swap = 0 if rows == len(new) else PREFILL_SWAP_COST * rows
+        return rows * (points[i] - points[j]) + PREFILL_CALL_COST + swap
+
+    best = [0.0] + [float("inf")] * (len(points) - 1)
+    back = [0] * len(points)
+    for j in range(1, len(points)):
+        for i in range(j):
+            c = best[i] + cost(i, j)
+            if c < best[j]:
+                best[j], back[j] = c, i
+    chain, j = [], len(points) - 1
+    while j:
+        chain.append((back[j], j))
+        j = back[j]
+    plan = []
+    for i, j in reversed(chain):
+        rows = [r for r, n in enumerate(new) if n > points[j]]
+        plan.append((width - points[i], width - points[j], None if len(rows) == len(new) else rows))
+    return plan
+
+
 class CachedHFPolicy(HFPolicy):
     """Same constructor and outputs as :class:`HFPolicy`; ``cache_tokens`` caps the stored prefixes."""
 
@@ -188,8 +224,6 @@ class CachedHFPolicy(HFPolicy):
             ids[i, S - len(new):] = torch.from_numpy(new)
             pos[i, S - len(new):] = torch.arange(c, len(r))
             mask[i, C + S - len(new):C + S] = 1
-        for layer in cache.layers:  # StaticLayer writes at its own running offset
-            layer.cumulative_length.fill_(C)
         self.stats["prompt_tokens"] += sum(len(r) for r in rows)
         self.stats["reused_tokens"] += sum(reuse)
 
@@ -215,11 +249,9 @@ class CachedHFPolicy(HFPolicy):
                               for layer in cache.layers]
 
         with modeling.generation(self.dtype, self.device):
-            x, p, q = ids, pos, S
+            logits = self._prefill(ids, pos, mask, cache, C, [len(r) - c for r, c in zip(rows, reuse, strict=True)])
+            cur = C + S
             for step in range(max_new_tokens):
-                logits = self.model(input_ids=x, position_ids=p, attention_mask=mask, cache=cache,
-                                    use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
-                cur += q
                 nxt = self._pick(logits, temperature, top_p, gen) if sample else logits.argmax(-1)
                 nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
                 out[act, step] = nxt
@@ -236,7 +268,9 @@ class CachedHFPolicy(HFPolicy):
                         layer.keys, layer.values = layer.keys[keep_b], layer.values[keep_b]
                     mask, act, next_pos, nxt, done = mask[keep_b], act[keep_b], next_pos[keep_b], nxt[keep_b], done[keep_b]
                 mask[:, cur] = (~done).long()
-                x, p, q = nxt[:, None], next_pos[:, None].clone(), 1
+                logits = self.model(input_ids=nxt[:, None], position_ids=next_pos[:, None].clone(), attention_mask=mask,
+                                    cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
+                cur += 1
                 next_pos += 1
             harvest(list(range(act.numel())))
 
@@ -257,6 +291,35 @@ class CachedHFPolicy(HFPolicy):
                                      "cached_tokens": reuse[i]}))
         self._evict()
         return turns
+
+    def _prefill(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Any, C: int,
+                 new: list[int]) -> torch.Tensor:
+        """Run every row's new tokens (right-aligned in ``ids``' S columns after the C reused ones) and
+        return the next-token logits. Rows with fewer new tokens are pads on the left of theirs; one
+        long row (a long tool observation) would make the whole batch run its length, so the columns
+        run in chunks (:func:`prefill_plan`), each by the sub-batch of rows that have a token there."""
+        S = ids.shape[1]
+        logits = None
+        for a, b, rows in prefill_plan(new, S):
+            for layer in cache.layers:  # StaticLayer writes at its own running offset
+                layer.cumulative_length.fill_(C + a)
+            if rows is None:
+                logits = self.model(input_ids=ids[:, a:b], position_ids=pos[:, a:b], attention_mask=mask, cache=cache,
+                                    use_cache=True, logits_to_keep=1).logits
+                continue
+            sub = torch.tensor(rows, device=ids.device)
+            full = [(layer.keys, layer.values) for layer in cache.layers]
+            for layer, (k, v) in zip(cache.layers, full, strict=True):
+                layer.keys, layer.values = k[sub], v[sub]
+            self.model(input_ids=ids[sub, a:b], position_ids=pos[sub, a:b], attention_mask=mask[sub], cache=cache,
+                       use_cache=True, logits_to_keep=1)
+            for layer, (k, v) in zip(cache.layers, full, strict=True):
+                k[sub], v[sub] = layer.keys, layer.values
+                layer.keys, layer.values = k, v
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(C + S)
+        assert logits is not None  # the last chunk always runs every row
+        return logits[:, -1, :].float()
 
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:

@@ -57,10 +57,17 @@ def chatty_policy(tiny_model_dir):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])  # forced: 'auto' would test only what this CPU picks
-def test_kv_cache_reuse_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy, dtype):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_kv_cache_reuse_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy, dtype, chunked, monkeypatch):
     """The engine (batched, KV reused across turns, shared prefixes) against plain HF ``generate``
     one conversation at a time, re-encoding everything, in the same compute dtype. bf16 autocast
-    once crashed every generation (StaticCache in bf16, RoPE keys in fp32: index_copy_ dtype error)."""
+    once crashed every generation (StaticCache in bf16, RoPE keys in fp32: index_copy_ dtype error).
+    ``chunked``: free chunks, so every prefill runs in sub-batches, one per distinct new length."""
+    import apprentice.policies.hf_cached as engine
+
+    if chunked:
+        monkeypatch.setattr(engine, "PREFILL_CALL_COST", 0)
+        monkeypatch.setattr(engine, "PREFILL_SWAP_COST", 0)
     specs = _specs()
     cached = CachedHFPolicy.from_policy(chatty_policy, dtype=dtype)
     fast = run_episodes(specs, cached, max_turns=3, progress=False)

@@ -1,0 +1,40 @@
+"""The engine's chunked prefill plan: every row's new tokens run exactly once, by a chunk that has it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from apprentice.policies.hf_cached import prefill_plan
+
+
+def _padded(new, plan):
+    return sum((b - a) * (len(new) if rows is None else len(rows)) for a, b, rows in plan)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_new_token_runs_once_and_the_last_chunk_is_every_row(seed):
+    rng = random.Random(seed)
+    new = [rng.choice([1, 5, 30, 72, 73, 113]) + rng.randint(0, 3) for _ in range(rng.randint(1, 40))]
+    width = max(new)
+    plan = prefill_plan(new, width)
+    assert plan[0][0] == 0 and plan[-1][1] == width and plan[-1][2] is None
+    assert all(plan[k][1] == plan[k + 1][0] for k in range(len(plan) - 1))  # contiguous, left to right
+    for i, n in enumerate(new):  # row i's tokens are the last n columns: each is in a chunk that runs row i
+        for col in range(width - n, width):
+            (a, b, rows), = [c for c in plan if c[0] <= col < c[1]]
+            assert rows is None or i in rows
+    assert _padded(new, plan) <= len(new) * width  # never more token-rows than one padded call
+
+
+def test_one_long_observation_does_not_pad_the_whole_batch():
+    """Measured case (bench/rollout.py, turn 2): 63 rows of 73 new tokens and one of 113."""
+    new = [73] * 63 + [113]
+    plan = prefill_plan(new, 113)
+    assert plan == [(0, 40, [63]), (40, 113, None)]
+    assert _padded(new, plan) < 0.66 * len(new) * 113
+
+
+def test_equal_lengths_are_one_call():
+    assert prefill_plan([7, 7, 7], 7) == [(0, 7, None)]
