@@ -19,7 +19,7 @@ the same stored rows, and 9-13 % faster on whole episodes (3.29x vs 3.01x naive 
 
 Layout of one call: row ``i`` is ``[pad | reused prefix, right-aligned at C | pad | new tokens,
 right-aligned at C+S]``, with explicit positions, so every token sits at its true position. Keys and
-values are cached in the dtypes the model produces them in (:meth:`CachedHFPolicy._kv_dtypes`).
+values are cached in the dtype attention reads them in (:meth:`CachedHFPolicy._kv_dtype_of`).
 
 Correctness: the key/value of position ``p`` depends only on tokens ``<= p``, so reusing them for
 an identical token prefix is exact up to floating-point summation order; a test checks that greedy
@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.cache_utils import StaticLayer
 
 from apprentice import modeling
 from apprentice.policies.base import Message, Turn
@@ -98,6 +99,18 @@ def prefill_plan(new: list[int], width: int) -> list[tuple[int, int, list[int] |
     return plan
 
 
+class _CastingStaticLayer(StaticLayer):
+    """transformers' ``StaticLayer`` (pinned ==5.24.0; contract: ``tests/unit/test_library_contracts.py``)
+    whose ``update`` casts the new keys/values to the cache's dtype instead of failing on a mismatch
+    (see :meth:`CachedHFPolicy._kv_dtype_of`)."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_initialized:
+            key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+
 class CachedHFPolicy(HFPolicy):
     """Same constructor and outputs as :class:`HFPolicy`; ``cache_tokens`` caps the stored prefixes."""
 
@@ -109,7 +122,7 @@ class CachedHFPolicy(HFPolicy):
         self._kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
-        self._kv_dtype: tuple[torch.dtype, torch.dtype] | None = None
+        self._kv_dtype: torch.dtype | None = None
 
     @classmethod
     def from_policy(cls, policy: HFPolicy, **kwargs: Any) -> CachedHFPolicy:
@@ -164,14 +177,18 @@ class CachedHFPolicy(HFPolicy):
             kv = self._encode_alone(ids)
             self._store.append(_Entry(ids=ids, kv=kv, used=time.monotonic(), shared=True))
 
-    def _kv_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
-        """The dtypes the model writes keys and values in, found once by encoding one token. Under
-        bf16 autocast with fp32 weights they differ: values come out of a bf16 matmul, keys out of
-        RoPE, which multiplies by fp32 cos/sin. A cache allocated in one dtype for both crashed
-        every bf16 generation (``index_copy_(): self and source expected to have the same dtype``)."""
+    def _kv_dtype_of(self) -> torch.dtype:
+        """The one dtype keys and values are cached in: the dtype attention reads them in, found once
+        by encoding one token. Under bf16 autocast with fp32 weights the model *writes* them in two
+        dtypes (values come out of a bf16 matmul, keys out of RoPE, which multiplies by fp32 cos/sin;
+        a cache of one dtype once crashed every bf16 generation: ``index_copy_(): self and source
+        expected to have the same dtype``), but autocast casts SDPA's query, keys and values to bf16
+        before it reads them, so fp32 keys only double the memory traffic of every decode step's
+        attention. :class:`_CastingStaticLayer` stores them in the values' dtype: bit-identical
+        attention, half the bytes."""
         if self._kv_dtype is None:
             kv = self._encode_alone(np.asarray([self.tokenizer.pad_token_id or 0], dtype=np.int64))
-            self._kv_dtype = (kv[0][0].dtype, kv[0][1].dtype)
+            self._kv_dtype = kv[0][1].dtype
         return self._kv_dtype
 
     def _encode_alone(self, ids: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -181,7 +198,8 @@ class CachedHFPolicy(HFPolicy):
         x = torch.tensor(ids[None, :], device=self.device)
         with modeling.generation(self.dtype, self.device):
             self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
-        return [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers]
+        dtype = self._kv_dtype or cache.layers[0].values.dtype
+        return [(layer.keys[0].to(dtype), layer.values[0].to(dtype)) for layer in cache.layers]
 
     # -- generation ----------------------------------------------------------------------------
     def _generate(self, convs: list[list[Message]], tools: list[list[dict[str, Any]]],
@@ -202,12 +220,11 @@ class CachedHFPolicy(HFPolicy):
         total = C + S + max_new_tokens
         layers = len(self.model.model.layers) if hasattr(self.model, "model") else self.model.config.num_hidden_layers
 
-        kdtype, vdtype = self._kv_dtypes()
+        kv_dtype = self._kv_dtype_of()
         cache: Any = StaticCache(config=self.model.config, max_cache_len=total)
-        cache.early_initialization(B, self._kv_heads, self._head_dim, kdtype, self.device)
-        if vdtype != kdtype:
-            for layer in cache.layers:
-                layer.values = layer.values.to(vdtype)
+        for layer in cache.layers:
+            layer.__class__ = _CastingStaticLayer
+        cache.early_initialization(B, self._kv_heads, self._head_dim, kv_dtype, self.device)
         # layout per row: [pad | reused prefix (right-aligned to C) | pad | new tokens (right-aligned to C+S)]
         mask = torch.zeros(B, total, dtype=torch.long, device=self.device)
         ids = torch.full((B, S), tok.pad_token_id, dtype=torch.long, device=self.device)
@@ -216,8 +233,8 @@ class CachedHFPolicy(HFPolicy):
             if c:
                 for li in range(layers):
                     k, v = e.kv[li]  # type: ignore[union-attr]
-                    cache.layers[li].keys[i, :, C - c:C] = k[:, :c].to(kdtype)
-                    cache.layers[li].values[i, :, C - c:C] = v[:, :c].to(vdtype)
+                    cache.layers[li].keys[i, :, C - c:C] = k[:, :c]
+                    cache.layers[li].values[i, :, C - c:C] = v[:, :c]
                 mask[i, C - c:C] = 1
                 e.used = time.monotonic()  # type: ignore[union-attr]
             new = r[c:]

@@ -124,3 +124,24 @@ def test_dvclive_init_dvc_override():
     assert _calls(Live, "__init__", "_init_dvc")
     src = inspect.getsource(Live.__init__)
     assert "self._inside_dvc_pipeline" in src and "self._save_dvc_exp" in src
+
+
+def test_static_layer_update_contract_for_the_casting_cache():
+    """The engine's ``_CastingStaticLayer`` swaps its class into transformers' ``StaticLayer`` objects
+    and casts in ``update``: the layer must still allocate in ``lazy_initialization``, write at its
+    ``cumulative_length`` and return its own tensors, and the cast must store bf16 keys exactly."""
+    import torch
+    from transformers.cache_utils import StaticLayer
+
+    from apprentice.policies.hf_cached import _CastingStaticLayer
+
+    assert _params(StaticLayer.update)[:3] == ["self", "key_states", "value_states"]
+    layer = StaticLayer(max_cache_len=6)
+    layer.__class__ = _CastingStaticLayer
+    layer.lazy_initialization(torch.zeros(1, 2, 1, 4, dtype=torch.bfloat16), torch.zeros(1, 2, 1, 4, dtype=torch.bfloat16))
+    layer.cumulative_length.fill_(2)
+    k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4).bfloat16()
+    keys, values = layer.update(k, v)
+    assert keys is layer.keys and values is layer.values and keys.dtype == torch.bfloat16
+    assert torch.equal(keys[:, :, 2:5], k.bfloat16()) and torch.equal(values[:, :, 2:5], v)
+    assert not keys[:, :, :2].any() and int(layer.cumulative_length) == 5
