@@ -59,3 +59,28 @@ def test_a_corrupt_cache_is_remeasured_and_the_env_overrides(fresh, monkeypatch)
     monkeypatch.setenv("APPRENTICE_AUTO_DTYPE", "fp16")
     with pytest.raises(ValueError, match="'bf16' or 'fp32'"):
         dtypes.cpu_auto()
+
+
+def test_the_probe_runs_on_one_thread_and_restores_the_thread_count():
+    """One thread timed by its own CPU time: a descheduled sibling thread cannot stall it (the
+    all-threads wall-clock probe once cached fp32 for an AMX Xeon while tests loaded its cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    seen = []
+    real = dtypes._rounds
+
+    def spy(timed, reps):
+        seen.append(torch.get_num_threads())
+        return real(timed, reps)
+
+    dtypes._rounds = spy
+    try:
+        dtypes.measure(reps=1)
+    finally:
+        dtypes._rounds = real
+    assert seen == [1] and torch.get_num_threads() == before
+
+
+def test_a_decision_cached_by_an_older_probe_is_measured_again():
+    assert f"probe:{dtypes.PROBE_VERSION}" in dtypes.machine_key() and dtypes.PROBE_VERSION >= 2

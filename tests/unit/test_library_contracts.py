@@ -126,18 +126,20 @@ def test_dvclive_init_dvc_override():
     assert "self._inside_dvc_pipeline" in src and "self._save_dvc_exp" in src
 
 
-def test_static_layer_update_contract_for_the_casting_cache():
-    """The engine's ``_CastingStaticLayer`` swaps its class into transformers' ``StaticLayer`` objects
-    and casts in ``update``: the layer must still allocate in ``lazy_initialization``, write at its
-    ``cumulative_length`` and return its own tensors, and the cast must store bf16 keys exactly."""
+def test_static_layer_contract_for_the_engine_layer():
+    """The engine's ``_EngineLayer`` swaps its class into transformers' ``StaticLayer`` objects: the
+    layer must still call ``lazy_initialization`` from ``update`` and ``early_initialization``, write at
+    its ``cumulative_length`` and return its own tensors; the cast must store bf16 keys exactly; with
+    ``buffers`` set, keys/values are views of them (no allocation), stale values left in place."""
     import torch
-    from transformers.cache_utils import StaticLayer
+    from transformers.cache_utils import StaticCache, StaticLayer
 
-    from apprentice.policies.hf_cached import _CastingStaticLayer
+    from apprentice.policies.hf_cached import _EngineLayer
 
     assert _params(StaticLayer.update)[:3] == ["self", "key_states", "value_states"]
+    assert _params(StaticLayer.lazy_initialization) == ["self", "key_states", "value_states"]
     layer = StaticLayer(max_cache_len=6)
-    layer.__class__ = _CastingStaticLayer
+    layer.__class__ = _EngineLayer
     layer.lazy_initialization(torch.zeros(1, 2, 1, 4, dtype=torch.bfloat16), torch.zeros(1, 2, 1, 4, dtype=torch.bfloat16))
     layer.cumulative_length.fill_(2)
     k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4).bfloat16()
@@ -145,3 +147,36 @@ def test_static_layer_update_contract_for_the_casting_cache():
     assert keys is layer.keys and values is layer.values and keys.dtype == torch.bfloat16
     assert torch.equal(keys[:, :, 2:5], k.bfloat16()) and torch.equal(values[:, :, 2:5], v)
     assert not keys[:, :, :2].any() and int(layer.cumulative_length) == 5
+
+    # through StaticCache.early_initialization, into reused buffers
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=2)
+    bufs = (torch.full((100,), 7.0), torch.full((100,), 7.0))
+    cache = StaticCache(config=cfg, max_cache_len=5)
+    cache.layers[0].__class__ = _EngineLayer
+    cache.layers[0].buffers = bufs
+    cache.early_initialization(2, 2, 4, torch.float32, torch.device("cpu"))
+    lay = cache.layers[0]
+    assert lay.keys.shape == (2, 2, 5, 4) and lay.keys.data_ptr() == bufs[0].data_ptr()
+    assert lay.values.data_ptr() == bufs[1].data_ptr() and bool((lay.keys == 7).all())
+    lay.update(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4))
+    assert bool((lay.keys[:, :, 0] == 1).all()) and bool((lay.keys[:, :, 1:] == 7).all())
+    assert bool((bufs[0][:4] == 1).all()) and int(lay.cumulative_length) == 1
+
+
+def test_sdpa_force_gqa_switch_is_read_per_call():
+    """The engine's prefill sets ``TRANSFORMERS_SDPA_FORCE_GQA`` for its forward passes only
+    (``hf_cached._gqa_sdpa``): transformers must read it on every call, with a mask present."""
+    import torch
+    from transformers.integrations import sdpa_attention
+
+    from apprentice.policies.hf_cached import _gqa_sdpa
+
+    k = torch.zeros(1, 2, 3, 4)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    assert not sdpa_attention.use_gqa_in_sdpa(mask, k, k)
+    with _gqa_sdpa():
+        assert sdpa_attention.use_gqa_in_sdpa(mask, k, k)
+    assert not sdpa_attention.use_gqa_in_sdpa(mask, k, k)
+    assert "use_gqa_in_sdpa(attention_mask, key, value)" in inspect.getsource(sdpa_attention.sdpa_attention_forward)
