@@ -256,11 +256,14 @@ class EvaluateConfig(Section):
     pass_k: list[int] = Field(default_factory=lambda: [1])
     temperature: float = Field(0.0, ge=0)
     max_new_tokens: int = Field(96, ge=1)
-    batch_size: int = Field(50, ge=1)
+    batch_size: int = Field(64, ge=1, description="Episodes decoded together (at most; a finished episode's "
+                            "place goes to the next one of its shard).")
     max_format_errors: int = Field(
         2, ge=0, description="End an episode after this many consecutive unparseable turns (0 = never); "
         "also used by the RL probe.")
-    shard_size: int = Field(64, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards only.")
+    shard_size: int = Field(160, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards "
+                            "only. Larger than batch_size so finished episodes' places refill (the default "
+                            "benchmark is one shard).")
     error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
                                 "(recorded as failed with their error) before the stage fails.")
 

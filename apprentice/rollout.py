@@ -162,7 +162,8 @@ def run_episodes(
     ``specs`` may be a problems table (``trajectories.problems_frame``), whose ``level`` column then
     fills ``Trajectory.level``; otherwise pass ``levels`` (one per spec, or problem_id -> level).
     ``max_turns`` > 0 caps every episode's own budget (``env.turn_budget()``). Each round makes
-    one ``policy.act`` call per ``batch_size`` live episodes. ``seed`` seeds torch (sampling).
+    one ``policy.act`` call for at most ``batch_size`` live episodes; a finished episode's place goes
+    to the next waiting one (episode-level continuous batching). ``seed`` seeds torch (sampling).
     ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
     ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn
     completion (``max_completion_length``): generated tokens *plus* tool responses (counted with
@@ -220,39 +221,41 @@ def run_episodes(
     done = successes = gen_tokens = 0
     try:
         while True:
-            live = [e for e in episodes if not e.finished]
+            # Refill: at most batch_size episodes play at once, admitted in order; one that finishes
+            # hands its row to the next waiting one, so a round's batch stays full until the queue
+            # drains (all-live lock-step rounds left late rounds with a few long episodes each).
+            live = [e for e in episodes if not e.finished][:batch_size]
             if not live:
                 break
-            # Longest conversations first: chunks then hold similar lengths (less padding per batch).
+            # Longest conversations first: similar lengths side by side (less padding per batch).
             live.sort(key=_Episode.size, reverse=True)
-            for start in range(0, len(live), batch_size):
-                chunk = live[start : start + batch_size]
-                try:
-                    turns = policy.act(
-                        [e.messages for e in chunk],
-                        [e.tools for e in chunk],
-                        contexts=[e.context for e in chunk] if wants_plan else None,
-                    )
-                except Exception as exc:
-                    # keep what finished: the caller may save it and replay only the rest
-                    exc.finished_episodes = [_trajectory(e, pid) for e in episodes  # type: ignore[attr-defined]
-                                             if e.finished and not e.error]
-                    raise
-                if len(turns) != len(chunk):
-                    raise RuntimeError(
-                        f"policy {pid} returned {len(turns)} turns for {len(chunk)} conversations; "
-                        "Policy.act must return exactly one Turn per conversation"
-                    )
-                for ep, turn in zip(chunk, turns, strict=True):
-                    _apply(ep, turn, fmt, require_tool_call, max_format_errors, episode_tokens, count_tokens)
-                    gen_tokens += turn.completion_tokens
-                    if ep.finished:
-                        ep.wall_s = time.perf_counter() - t0
-                        done += 1
-                        successes += ep.env.get_reward() >= 1.0
-                        bar.update(1)
-                elapsed = max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix(success=f"{successes}/{done}", tok_s=f"{gen_tokens / elapsed:.0f}")
+            chunk = live
+            try:
+                turns = policy.act(
+                    [e.messages for e in chunk],
+                    [e.tools for e in chunk],
+                    contexts=[e.context for e in chunk] if wants_plan else None,
+                )
+            except Exception as exc:
+                # keep what finished: the caller may save it and replay only the rest
+                exc.finished_episodes = [_trajectory(e, pid) for e in episodes  # type: ignore[attr-defined]
+                                         if e.finished and not e.error]
+                raise
+            if len(turns) != len(chunk):
+                raise RuntimeError(
+                    f"policy {pid} returned {len(turns)} turns for {len(chunk)} conversations; "
+                    "Policy.act must return exactly one Turn per conversation"
+                )
+            for ep, turn in zip(chunk, turns, strict=True):
+                _apply(ep, turn, fmt, require_tool_call, max_format_errors, episode_tokens, count_tokens)
+                gen_tokens += turn.completion_tokens
+                if ep.finished:
+                    ep.wall_s = time.perf_counter() - t0
+                    done += 1
+                    successes += ep.env.get_reward() >= 1.0
+                    bar.update(1)
+            elapsed = max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix(success=f"{successes}/{done}", tok_s=f"{gen_tokens / elapsed:.0f}")
     finally:
         bar.close()
         _restore_rng(rng_state)

@@ -136,10 +136,17 @@ def test_one_act_call_per_round_with_all_live_episodes():
     assert pol.batches == [8, 8, 6, 4, 2]
 
 
-def test_batch_size_chunks_each_round():
+def test_batch_size_caps_live_episodes_and_a_finished_one_hands_its_place_on():
     pol = PlanPolicy()
     run_episodes(_specs([2, 2, 2, 2, 2]), pol, batch_size=2, env_factory=_env, progress=False)
-    assert pol.batches == [2, 2, 1] * 3
+    assert pol.batches == [2] * 6 + [1] * 3
+    # episodes of 2, 5, 2, 2 turns: the long one keeps playing while the short ones take turns beside
+    # it, so no round runs a lone episode until the queue is empty (lock-step rounds of all live
+    # episodes, chunked, made 7 calls: [2, 2, 2, 2, 1, 1, 1])
+    pol = PlanPolicy()
+    trajs = run_episodes(_specs([1, 4, 1, 1]), pol, batch_size=2, env_factory=_env, progress=False)
+    assert [t.turns for t in trajs] == [2, 5, 2, 2] and all(t.success for t in trajs)
+    assert pol.batches == [2, 2, 2, 2, 2, 1]
 
 
 def test_budget_truncates_unfinished_episodes():
