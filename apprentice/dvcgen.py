@@ -123,11 +123,12 @@ def _leaf_keys(raw: dict[str, Any], dotted: str) -> list[str]:
 EXCLUDE = ("curriculum.evolve",)
 
 
-def _params(raw: dict[str, Any], stage: Stage) -> list[str]:
+def _params(raw: dict[str, Any], stage: Stage, iteration: int | None = None) -> list[str]:
     # every stage that builds environments also runs the plugin modules params list (envs.modules)
     extra = ["envs.modules"] if stage.builds_envs and "envs" in raw else []
-    keys = [k for entry in [*stage.params, *extra] for k in _leaf_keys(raw, entry)
-            if entry.startswith(EXCLUDE) or k in stage.params or not k.startswith(EXCLUDE)]
+    named = [*stage.params, *(stage.later_params if (iteration or 0) > 1 else ())]
+    keys = [k for entry in [*named, *extra] for k in _leaf_keys(raw, entry)
+            if entry.startswith(EXCLUDE) or k in named or not k.startswith(EXCLUDE)]
     return list(dict.fromkeys(keys))  # a key named on its own and inside its section: once
 
 
@@ -210,7 +211,7 @@ def _spec(stage: Stage, where: Where, iteration: int | None, raw: dict[str, Any]
     io = stage.io(where)
     spec: dict[str, Any] = {"cmd": _cmd(stage.name, iteration),
                             "deps": _code(stage, prefix, repo, raw) + [_entry(d) for d in io.deps]}
-    if ps := _params(raw, stage):
+    if ps := _params(raw, stage, iteration):
         spec["params"] = ps
     if io.outs:
         spec["outs"] = [_entry(o) for o in io.outs]

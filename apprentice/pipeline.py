@@ -97,6 +97,9 @@ class Stage:
     module: str
     #: params sections or single keys it reads (``dvc.yaml`` expands them to one entry per leaf key)
     params: tuple[str, ...] = ()
+    #: params it reads only from iteration 2 on (the loop rule: iteration 1 trains the base model on its
+    #: own validated set whatever the rule), so ``dvc exp run -S loop.rule=...`` keeps iteration 1 cached
+    later_params: tuple[str, ...] = ()
     #: repo paths its code needs that imports cannot show (templates, suites, whole packages)
     code: tuple[str, ...] = ()
     io: Callable[[Where], IO] = _no_io
@@ -237,14 +240,15 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/gates.py", "expectations"), io=_validate, builds_envs=True,
           results=lambda p: [p.gate_record], artifacts=lambda p: [p.gate_html, p.gate_record]),
     Stage("loop-data", "apprentice.stages.loop_data",
-          params=("loop", "model", "pipeline.seed", "rollout.teacher", "rollout.max_turns",
-                  "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
-                  "validate.max_message_chars", "sft.learning_rate"),
+          params=("pipeline.seed", "sft.learning_rate"),
+          later_params=("loop", "model", "rollout.teacher", "rollout.max_turns",
+                        "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
+                        "validate.max_message_chars"),
           code=("apprentice/gates.py", "expectations", "apprentice/rollout.py", "apprentice/policies", "apprentice/envs",
                 "apprentice/templates"),
           io=_loop_data, builds_envs=True, results=lambda p: [p.loop_record], tags=("rule", "start")),
     Stage("sft", "apprentice.stages.sft",
-          params=("sft", "model", "pipeline.seed", "loop.rule", "loop.lr_factor", "loop.warmup_steps"),
+          params=("sft", "model", "pipeline.seed"), later_params=("loop.rule", "loop.lr_factor", "loop.warmup_steps"),
           code=("apprentice/training", "apprentice/modeling.py", "apprentice/templates", "apprentice/trajectories.py"),
           io=_sft, results=lambda p: [p.sft_start], tags=("start_model.",), curve="sft"),
     Stage("rl", "apprentice.stages.rl",

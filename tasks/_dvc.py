@@ -117,7 +117,8 @@ def run_stage(stage: str, ctx: StageContext) -> dict[str, Any]:
     name = dvcgen.stage_name(stage, k)
     targets = [f"dvc.yaml:{s}" for s in dvcgen.dvc_stages(stage, k)]  # evaluate: one DVC stage per model
     raw = yaml.safe_load((wd / "params.yaml").read_text()) or {}
-    params = {key: raw.get(key.split(".")[0]) for key in spec.params if "." not in key}
+    named = (*spec.params, *(spec.later_params if (k or 0) > 1 else ()))
+    params = {key: raw.get(key.split(".")[0]) for key in named if "." not in key}
     at = Paths(wd, k or 1)  # a once-stage (no iteration) writes nothing under iter_k
     t0 = time.monotonic()
     if ctx.parent_run_id is None:  # no lineage (e.g. prepare-base outside an iteration)

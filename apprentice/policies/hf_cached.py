@@ -17,6 +17,13 @@ tok/s) and 19 % (bf16, 26.2 vs 22.0 tok/s) faster than ``generate`` + a ``Dynami
 the same stored rows, and 9-13 % faster on whole episodes (3.29x vs 3.01x naive in fp32, 3.77x vs
 3.33x in bf16). Rerun the bench where it matters; if ``generate`` catches up, the loop goes.
 
+Where its time goes (py-spy, 64 episodes, fp32, quiet 2-core AMX Xeon): decode 46 % (of it, the
+linear layers 22 points and attention 18: at 64 rows x ~500 cached tokens the keys/values read per
+step outweigh the weights), prefill 28 %, allocating and zero-filling a fresh cache per call 8 %.
+Two changes, both exact: decode buffers reused across calls (:class:`_EngineLayer`) and grouped-query
+SDPA in prefill (:func:`_gqa_sdpa`). ``bench/rollout.py`` (64 problems, 3 turns, same machine, quiet)
+went from 6.3x to 8.0x naive in fp32 (engine 53.2 s -> 42.3 s, 64/64 transcripts identical).
+
 Layout of one call: row ``i`` is ``[pad | reused prefix, right-aligned at C | pad | new tokens,
 right-aligned at C+S]``, with explicit positions, so every token sits at its true position. Keys and
 values are cached in the dtype attention reads them in (:meth:`CachedHFPolicy._kv_dtype_of`), in buffers reused from call to call (:class:`_EngineLayer`).

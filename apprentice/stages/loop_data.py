@@ -102,7 +102,10 @@ def build(cfg: Config, paths: Paths) -> tuple[pd.DataFrame, pd.DataFrame, dict[s
     lc, k = cfg.loop, paths.iteration
     new = read_parquet(paths.sft_data)
     champion = trajectories_frame([])
-    summary: dict[str, Any] = {"rule": lc.rule, "iteration": k, "new_validated": len(new)}
+    # iteration 1 has no rule (nothing to continue from): the record says so, and its DVC stage does not
+    # declare the loop params (``Stage.later_params``), so comparing rules keeps iteration 1 cached
+    summary: dict[str, Any] = {"rule": lc.rule if k > 1 else "none (iteration 1)", "iteration": k,
+                               "new_validated": len(new)}
     if k == 1:
         rows = loop._tagged(new, "teacher")
     elif lc.rule == "restart":

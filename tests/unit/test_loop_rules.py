@@ -260,3 +260,16 @@ def test_a_fresh_adamw_moves_every_weight_by_the_full_lr_whatever_the_gradient_a
     new = old.model_copy(update={"max_steps": 2, "learning_rate": lr_new})
     train_sft(tiny_model_dir, tok, recs, tmp_path / "new", new, warmup_steps=warm)
     assert _mean_step(Path(tiny_model_dir), tmp_path / "new") <= cfg.loop.lr_factor * step_old * 1.05
+
+
+def test_comparing_loop_rules_keeps_iteration_1_cached():
+    """``dvc exp run -S loop.rule=...`` must rerun from loop-data-2 on: no stage of iteration 1 may
+    declare a ``loop`` param (sft-1 once did, so every rule retrained and re-evaluated iteration 1)."""
+    from apprentice import dvcgen
+    from apprentice.config import load_raw
+
+    stages = dvcgen.pipeline(load_raw(Path(__file__).resolve().parents[2] / "params.yaml"))["stages"]
+    first = {name: spec for name, spec in stages.items() if name.endswith("-1") or name == "evaluate-1"}
+    assert "sft-1" in first and "loop-data-1" in first
+    assert not [(n, p) for n, spec in first.items() for p in spec.get("params", []) if str(p).startswith("loop.")]
+    assert "loop.rule" in stages["sft-2"]["params"] and "loop.rule" in stages["loop-data-2"]["params"]

@@ -11,7 +11,8 @@ The fixture was written by the generator *before* the registry (main at 888e3c6)
 deliberate change: the per-model evaluation stages carry DVC's matrix names (``evaluate-rl-1`` ->
 ``evaluate-1@rl``); their commands, deps, params and outs are unchanged. Since then code deps follow
 the imports (evaluate and teacher-rollout stopped importing ``curves.py``; rl stopped importing
-``stages/evolve.py`` once the generations' paths came from ``paths.py``). A deliberate change to the
+``stages/evolve.py`` once the generations' paths came from ``paths.py``; iteration 1's loop-data and sft
+stopped declaring the ``loop`` params, which they do not read: ``Stage.later_params``). A deliberate change to the
 graph regenerates it with ``APPRENTICE_UPDATE_GRAPH=1 python -m pytest tests/unit/test_stage_graph.py``
 (review its diff).
 """
