@@ -142,7 +142,7 @@ class _EngineLayer(StaticLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.is_initialized:
+        if self.is_initialized and self.keys is not None and self.values is not None:
             key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
         return super().update(key_states, value_states, *args, **kwargs)
 
@@ -324,6 +324,13 @@ class CachedHFPolicy(HFPolicy):
             ids[i, S - len(new):] = torch.from_numpy(new)
             pos[i, S - len(new):] = torch.arange(c, len(r))
             mask[i, C + S - len(new):C + S] = 1
+        # the rows' new encodings (harvested below) supersede the entries they extend (shared prefixes
+        # stay for other episodes): free those now, not after decoding, so that the old and the new
+        # copy of every conversation's keys/values never coexist (~1.5 GB at 64 rows x 800 tokens in bf16)
+        superseded = {id(e): e for e, _ in matches if e is not None and not e.shared}
+        for e in superseded.values():
+            e.kv = []
+        self._store = [e for e in self._store if id(e) not in superseded]
         self.stats["prompt_tokens"] += sum(len(r) for r in rows)
         self.stats["reused_tokens"] += sum(reuse)
 
@@ -374,9 +381,6 @@ class CachedHFPolicy(HFPolicy):
                 next_pos += 1
             harvest(list(range(act.numel())))
 
-        # the new encodings supersede the ones they extended (shared prefixes stay for other episodes)
-        used_entries = {id(e) for e, _ in matches if e is not None and not e.shared}
-        self._store = [e for e in self._store if id(e) not in used_entries]
         turns: list[Turn] = []
         for i, r in enumerate(rows):
             gen_ids = out[i, :n_gen[i]].tolist()
