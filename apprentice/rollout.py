@@ -229,24 +229,23 @@ def run_episodes(
                 break
             # Longest conversations first: similar lengths side by side (less padding per batch).
             live.sort(key=_Episode.size, reverse=True)
-            chunk = live
             try:
                 turns = policy.act(
-                    [e.messages for e in chunk],
-                    [e.tools for e in chunk],
-                    contexts=[e.context for e in chunk] if wants_plan else None,
+                    [e.messages for e in live],
+                    [e.tools for e in live],
+                    contexts=[e.context for e in live] if wants_plan else None,
                 )
             except Exception as exc:
                 # keep what finished: the caller may save it and replay only the rest
                 exc.finished_episodes = [_trajectory(e, pid) for e in episodes  # type: ignore[attr-defined]
                                          if e.finished and not e.error]
                 raise
-            if len(turns) != len(chunk):
+            if len(turns) != len(live):
                 raise RuntimeError(
-                    f"policy {pid} returned {len(turns)} turns for {len(chunk)} conversations; "
+                    f"policy {pid} returned {len(turns)} turns for {len(live)} conversations; "
                     "Policy.act must return exactly one Turn per conversation"
                 )
-            for ep, turn in zip(chunk, turns, strict=True):
+            for ep, turn in zip(live, turns, strict=True):
                 _apply(ep, turn, fmt, require_tool_call, max_format_errors, episode_tokens, count_tokens)
                 gen_tokens += turn.completion_tokens
                 if ep.finished:

@@ -156,6 +156,9 @@ def _compacted(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return t[:n]
 
 
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
 @contextlib.contextmanager
 def _gqa_sdpa() -> Iterator[None]:
     """Let transformers' SDPA attention read the grouped keys/values directly (``enable_gqa``) even
@@ -174,9 +177,6 @@ def _gqa_sdpa() -> Iterator[None]:
             os.environ.pop(_FORCE_GQA, None)
         else:
             os.environ[_FORCE_GQA] = old
-
-
-_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
 class CachedHFPolicy(HFPolicy):
@@ -403,7 +403,6 @@ class CachedHFPolicy(HFPolicy):
         long row (a long tool observation) would make the whole batch run its length, so the columns
         run in chunks (:func:`prefill_plan`), each by the sub-batch of rows that have a token there."""
         S = ids.shape[1]
-        logits = None
         with _gqa_sdpa():
             logits = self._prefill_chunks(ids, pos, mask, cache, C, new)
         for layer in cache.layers:
