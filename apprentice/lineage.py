@@ -478,6 +478,35 @@ def tag_version(model_name: str, version: str, tags: Mapping[str, Any]) -> None:
         client.set_model_version_tag(model_name, str(version), k, str(v))
 
 
+def rewind(model_name: str, iteration: int, champion: str | int | None) -> list[str]:
+    """Forget what iterations after ``iteration`` registered; returns the deleted versions.
+
+    Deletes every version tagged with a later iteration and points ``champion`` and ``challenger``
+    back at ``champion`` (None: both aliases removed). Why: ``dvc exp run`` re-runs iterations in the
+    same workspace and so against the same registry; comparing loop rules (bench/loop_rules.py) needs
+    each rule's promote-k to meet the champion iteration k-1 left, not the one the previous rule's
+    experiment promoted (whose evaluation table the next experiment overwrites). Destructive: meant
+    for a throwaway clone, never for a registry others read.
+    """
+    client = MlflowClient()
+    try:
+        versions = client.search_model_versions(f"name='{model_name}'")
+    except mlflow.exceptions.MlflowException:
+        return []
+    gone = []
+    for mv in versions:
+        if int(dict(mv.tags).get(TAG_ITER, "0") or 0) > iteration:
+            client.delete_model_version(model_name, str(mv.version))
+            gone.append(str(mv.version))
+    for alias in (CHAMPION, CHALLENGER):
+        if champion is None:
+            with contextlib.suppress(mlflow.exceptions.MlflowException):
+                client.delete_registered_model_alias(model_name, alias)
+        else:
+            client.set_registered_model_alias(model_name, alias, str(champion))
+    return sorted(gone, key=int)
+
+
 def aliases(model_name: str) -> dict[str, str]:
     """``{alias: version}`` as strings (sqlite returns ints, REST strings)."""
     try:

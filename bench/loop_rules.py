@@ -2,16 +2,19 @@
 
     .venv/bin/python bench/loop_rules.py --profile default --workdir /tmp/loop-rules --iterations 2
     .venv/bin/python bench/loop_rules.py --profile quick   --workdir /tmp/loop-rules-quick
+    .venv/bin/python bench/loop_rules.py --pipe /tmp/run    # a finished `make run` clone: iteration 1 reused
 
 What it does, all through DVC (nothing here trains or evaluates by itself):
   1. a throwaway clone of HEAD (``bench/sampler_sweep.py::prepare``: ``dvc exp`` rewrites params.yaml
      in its workspace); ``--iterations`` K must not exceed the profile's ``pipeline.iterations`` (the
      generated dvc.yaml declares that many; default 2);
-  2. per rule, ``dvc exp run -n loop-<rule> -S loop.rule=<rule> report-<K>``:
+  2. per rule, the MLflow registry rewound to what iteration 1 left (``lineage.rewind``: the rules
+     share one workspace and so one registry; without it promote-2 of the second rule would meet
+     the first rule's champion), then ``dvc exp run -n loop-<rule> -S loop.rule=<rule> report-<K>``:
      the same seeds everywhere (pipeline/synth/benchmark/rollout/SFT/RL seeds untouched), so
      iteration 1 is identical and cached after the first rule; every later iteration reruns from
      loop-data on;
-  3. per rule and iteration, from the experiment's own files (``dvc.api``, ``rev=<experiment>``): the
+  3. per rule and iteration, from the files the experiment leaves in the workspace: the
      champion after promote-k, its benchmark success with the 95 % Wilson interval, the exact McNemar
      test against the champion after promote-(k-1) on the same benchmark episodes, per-family
      success, and the wall time of the experiment; printed and written as the Markdown table of
@@ -21,9 +24,9 @@ What it does, all through DVC (nothing here trains or evaluates by itself):
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,28 +37,21 @@ from sampler_sweep import prepare, sh  # noqa: E402
 RULES = ("continue", "restart", "self", "repair")
 
 
-def _read(path: str, rev: str, pipe: Path, binary: bool = False):  # noqa: ANN202
-    """``path`` (relative to the pipeline dir ``pipe``) as of experiment ``rev``; dvc.api wants the git root."""
-    import dvc.api
-
-    root = Path(sh(["git", "rev-parse", "--show-toplevel"], pipe, dict(os.environ)).strip())
-    prefix = pipe.resolve().relative_to(root.resolve()).as_posix()
-    full = f"{prefix}/{path}" if prefix != "." else path
-    return dvc.api.read(full, repo=str(root), rev=rev, mode="rb" if binary else "r")
-
-
-def champion_rows(pipe: Path, rev: str, iterations: int) -> list[dict]:
+def champion_rows(pipe: Path, iterations: int) -> list[dict]:
+    """Per iteration: the champion promote-k left, read from the workspace right after the experiment
+    (``dvc exp run`` leaves its outputs there; promotion records are uncached metrics, git-ignored in
+    the default profile, so neither the experiment's commit nor its DVC cache holds them)."""
     import pandas as pd
 
     from apprentice.evaluation import paired_test, summarize
 
     rows, prev = [], None
     for k in range(1, iterations + 1):
-        promo = json.loads(_read(f"reports/iter_{k}/promotion.json", rev, pipe))
+        promo = json.loads((pipe / f"reports/iter_{k}/promotion.json").read_text())
         c = promo["champion"]
         path = "data/benchmark/eval/base.parquet" if c.get("kind") == "base" else \
             f"data/iter_{c['iteration']}/eval/{c['kind']}.parquet"
-        eps = pd.read_parquet(io.BytesIO(_read(path, rev, pipe, binary=True)))
+        eps = pd.read_parquet(pipe / path)
         m = summarize(eps)
         row = {"iteration": k, "champion": "base" if c.get("kind") == "base" else
                f"v{c['version']} iter {c['iteration']} {c['kind']}", "success": m["success_rate"],
@@ -68,6 +64,20 @@ def champion_rows(pipe: Path, rev: str, iterations: int) -> list[dict]:
         rows.append(row)
         prev = eps
     return rows
+
+
+def rewind_registry(pipe: Path, keep: int) -> list[str]:
+    """The registry as iteration ``keep`` left it (its promotion record names the champion); no-op before it ran."""
+    from apprentice import lineage
+    from apprentice.config import load_config
+
+    record = pipe / "reports" / f"iter_{keep}" / "promotion.json"
+    if not record.is_file():
+        return []
+    cfg = load_config(pipe / "params.yaml")
+    lineage.configure(cfg.lineage.tracking_uri, cfg.lineage.experiment, pipe)
+    champion = json.loads(record.read_text()).get("champion_version") or None
+    return lineage.rewind(cfg.promote.registered_model, keep, champion)
 
 
 def table(results: dict[str, tuple[list[dict], float]]) -> str:
@@ -85,20 +95,27 @@ def table(results: dict[str, tuple[list[dict], float]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="default")
-    ap.add_argument("--workdir", type=Path, required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--workdir", type=Path, help="a throwaway clone of HEAD is made here (deleted first)")
+    where.add_argument("--pipe", type=Path, help="an existing pipeline dir (git repo, committed dvc.lock) whose "
+                                                 "iteration 1 ran: reused, its registry rewound per rule")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
     ap.add_argument("--table", type=Path, help="also write the Markdown table here")
     a = ap.parse_args()
     env = {**os.environ, "APPRENTICE_QUIET": "1", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # dvc runs `python -m apprentice`
-    pipe = prepare(a.workdir, a.profile, env)
+    pipe = a.pipe.resolve() if a.pipe else prepare(a.workdir, a.profile, env)
     results: dict[str, tuple[list[dict], float]] = {}
     for rule in a.rules:
         t0 = time.time()
+        if gone := rewind_registry(pipe, 1):
+            print(f"registry rewound to iteration 1: versions {', '.join(gone)} deleted", flush=True)
+        subprocess.run([sys.executable, "-m", "dvc", "exp", "remove", f"loop-{rule}"], cwd=pipe, env=env,
+                       capture_output=True)  # a rerun of the bench replaces its experiments
         sh([sys.executable, "-m", "dvc", "exp", "run", "-n", f"loop-{rule}", "-S", f"loop.rule={rule}",
             f"report-{a.iterations}"], pipe, env)
-        results[rule] = (champion_rows(pipe, f"loop-{rule}", a.iterations), time.time() - t0)
+        results[rule] = (champion_rows(pipe, a.iterations), time.time() - t0)
         print(table({rule: results[rule]}), flush=True)
     out = table(results)
     print(out)

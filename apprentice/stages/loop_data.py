@@ -54,7 +54,7 @@ def champion_episodes(cfg: Config, paths: Paths, problems: pd.DataFrame) -> pd.D
     """The champion's ``loop.samples`` episodes per problem at ``loop.temperature`` (the evaluation engine)."""
     from apprentice.distributed import run_episodes
     from apprentice.progress import enabled
-    from apprentice.stages.rollout import build_policy, resolve_policy
+    from apprentice.policies.factory import build_policy, resolve_policy
     from apprentice.stages.sft import start_record
 
     champ = start_record(cfg, paths)["path"]
@@ -73,7 +73,7 @@ def repaired(cfg: Config, paths: Paths, failed: pd.DataFrame) -> pd.DataFrame:
     from apprentice.envs import env_for
     from apprentice.envs.base import ProblemSpec
     from apprentice.rollout import run_episodes
-    from apprentice.stages.rollout import build_policy, resolve_policy
+    from apprentice.policies.factory import build_policy, resolve_policy
 
     if failed.empty:
         return trajectories_frame([])

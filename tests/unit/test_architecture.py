@@ -94,3 +94,16 @@ def test_episode_stages_build_policies_through_the_policies_package_not_another_
         assert not stages, f"apprentice/stages/{name} imports another stage: {sorted(stages)}"
     defs = [p for p in _py("apprentice") if "def build_policy(" in p.read_text()]
     assert defs == [ROOT / "apprentice" / "policies" / "factory.py"], defs
+
+
+def test_no_stage_takes_policy_construction_from_another_stage():
+    """loop_data took ``build_policy`` from stages/rollout.py after evaluate stopped (issue M item 6):
+    every stage gets policies from :mod:`apprentice.policies.factory`, never through another stage."""
+    offenders = []
+    for p in sorted((ROOT / "apprentice" / "stages").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("apprentice.stages"):
+                names = {a.name for a in node.names} & {"build_policy", "resolve_policy", "MODEL_CHOICES"}
+                if names:
+                    offenders.append(f"{p.relative_to(ROOT)}:{node.lineno}: {sorted(names)} from {node.module}")
+    assert not offenders, "import these from apprentice.policies.factory:\n" + "\n".join(offenders)

@@ -83,6 +83,24 @@ def test_champion_stays_when_challenger_is_worse(store):
     assert start_record(cfg, Paths(store, 4))["path"] == str(store / f"models/iter_3/{cand}")
 
 
+def test_rewound_registry_lets_a_second_iteration_2_meet_iteration_1s_champion(store):
+    """Two loop rules re-run iteration 2 in one workspace (bench/loop_rules.py): after ``lineage.rewind``
+    the second rule's promote-2 meets v1, the champion iteration 1 left, not the first rule's v2."""
+    from apprentice import lineage
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml")
+    cand, name = cfg.promote.candidate, cfg.promote.registered_model
+    promote.run(cfg, _iteration(store, 1, [True] * 10 + [False] * 20, cand))
+    assert promote.run(cfg, _iteration(store, 2, [True] * 30, cand))["promoted"]  # rule A: v2 champion
+    assert lineage.rewind(name, 1, 1) == ["2"] and lineage.aliases(name) == {"champion": "1", "challenger": "1"}
+    (store / "models" / "iter_2" / cand / "weights.bin").write_text("rule B's weights")  # another digest
+    again = promote.run(cfg, _iteration(store, 2, [True] * 11 + [False] * 19, cand))  # rule B: barely better
+    assert not again["promoted"] and again["champion_before"] == 1 and again["champion_version"] == 1
+    assert lineage.rewind(name, 0, None) == ["1", str(again["version"])]
+    assert lineage.aliases(name) == {}
+
+
 def test_first_candidate_must_beat_the_base_model(store):
     """An empty registry's incumbent is the base model: a candidate no better than it is registered as
     challenger only, no alias says 'champion', and the next iteration starts from the base model again."""
