@@ -248,7 +248,18 @@ class DistillConfig(Section):
         "both", description="Distillation prompts: problem starts, teacher-trajectory prefixes, or both."
     )
     save_steps: int = Field(2, ge=1)
+    micro_batch_size: int = Field(2, ge=1, description="Prompts per forward/backward pass of the built-in "
+                                  "trainer (vanilla): the step's batch_size prompts are generated together, then "
+                                  "accumulated in micro-batches (all 8 at once peaked at 7.2 GB on the default "
+                                  "profile). OPD variants (issue C) batch by batch_size.")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _micro_divides(self) -> DistillConfig:
+        if self.batch_size % min(self.micro_batch_size, self.batch_size):
+            raise ValueError(f"distill.micro_batch_size ({self.micro_batch_size}) must divide distill.batch_size "
+                             f"({self.batch_size}); pick a divisor of {self.batch_size}")
+        return self
 
 
 class EvaluateConfig(Section):

@@ -84,6 +84,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
                                          stamp={"phase": "warmup"}, stage="student_warmup")
             result["warmup"]["metrics"] = str(paths.student_model / common.METRICS_FILE)  # merged there
             student = str(warm_dir)
+    common.release_memory()  # the warm start's trainer and optimizer: not under the distillation's peak
     student_model = load_model(student, dtype="fp32") if isinstance(student, str) else student
     result["student_params"] = num_params(student_model)
     result["teacher_params"] = num_params(teacher)

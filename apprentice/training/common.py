@@ -63,6 +63,25 @@ def setup_runtime(cfg: Any) -> None:
     set_seed(cfg.pipeline.seed)
 
 
+def release_memory() -> None:
+    """Hand memory freed by a finished training phase back to the OS before the next one starts.
+
+    Why: a finished ``Trainer`` (its optimizer state, gradients, activations' arenas) sits in reference
+    cycles until a collection, and glibc keeps freed arena pages mapped, so the process's RSS stays at
+    the phase's high-water mark and the next phase stacks on top. Measured on distill (student warm
+    start, then on-policy distillation, 135M teacher, AMX Xeon): 3.8 GB resident between the phases,
+    7.2 GB peak. ``malloc_trim`` is glibc's; elsewhere only the collection runs.
+    """
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): the collection alone
+        pass
+
+
 def require_model(ref: str) -> None:
     """Fail early, with the fix, when a local model folder a stage needs is missing."""
     p = Path(ref)

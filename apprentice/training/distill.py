@@ -126,8 +126,12 @@ def make_trainer(distill: DistillConfig, *, student: Any, teacher: Any, tokenize
     from trl import DistillationConfig
 
     if distill.variant in VARIANTS:
+        # one generation of batch_size prompts per step (TRL buffers it), the loss in micro-batches: the student's
+        # activations over the padded prompts are the phase's peak memory, not the generation
+        micro = min(distill.micro_batch_size, distill.batch_size)
         args = common.trl_args(
-            DistillationConfig, output_dir, dtype=dtype, max_steps=distill.max_steps, batch_size=distill.batch_size,
+            DistillationConfig, output_dir, dtype=dtype, max_steps=distill.max_steps, batch_size=micro,
+            grad_accum=distill.batch_size // micro,
             learning_rate=distill.learning_rate, save_steps=distill.save_steps, seed=distill.seed,
             max_completion_length=distill.max_completion_length, beta=divergence_beta(distill),
             remove_unused_columns=False,

@@ -57,3 +57,12 @@ def test_malformed_override_and_unknown_profile():
 def test_missing_explicit_params_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_micro_batches_must_divide_the_step():
+    """A micro-batch that does not divide the step's batch would drop prompts from the last one."""
+    with pytest.raises(ConfigError, match=r"distill.micro_batch_size \(3\) must divide distill.batch_size \(8\)"):
+        load_config(ROOT / "params.yaml", overrides=["distill.micro_batch_size=3"])
+    with pytest.raises(ConfigError, match=r"rl.micro_batch_size \(5\) must divide"):
+        load_config(ROOT / "params.yaml", overrides=["rl.micro_batch_size=5"])
+    assert load_config(ROOT / "params.yaml", overrides=["distill.micro_batch_size=16"]).distill.micro_batch_size == 16
