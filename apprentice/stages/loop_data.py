@@ -53,8 +53,8 @@ def _gate_kept(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, i
 def champion_episodes(cfg: Config, paths: Paths, problems: pd.DataFrame) -> pd.DataFrame:
     """The champion's ``loop.samples`` episodes per problem at ``loop.temperature`` (the evaluation engine)."""
     from apprentice.distributed import run_episodes
-    from apprentice.progress import enabled
     from apprentice.policies.factory import build_policy, resolve_policy
+    from apprentice.progress import enabled
     from apprentice.stages.sft import start_record
 
     champ = start_record(cfg, paths)["path"]
@@ -72,8 +72,8 @@ def repaired(cfg: Config, paths: Paths, failed: pd.DataFrame) -> pd.DataFrame:
     """The teacher's continuations of ``failed`` episodes from just before their first error."""
     from apprentice.envs import env_for
     from apprentice.envs.base import ProblemSpec
-    from apprentice.rollout import run_episodes
     from apprentice.policies.factory import build_policy, resolve_policy
+    from apprentice.rollout import run_episodes
 
     if failed.empty:
         return trajectories_frame([])
