@@ -76,10 +76,8 @@ def release_memory() -> None:
     import gc
 
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): the collection alone
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): the collection alone
-        pass
 
 
 def require_model(ref: str) -> None:
