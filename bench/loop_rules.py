@@ -61,6 +61,16 @@ def champion_rows(pipe: Path, iterations: int) -> list[dict]:
         if prev is not None:
             t = paired_test(eps, prev)
             row["mcnemar"] = f"{t['a_only']} / {t['b_only']}, p = {t['p_value']:.3g}"
+            # what the rule trained this iteration, kept or not, against the champion it had to beat
+            row["models"] = []
+            for kind in ("sft", "rl", "student"):
+                table = pipe / f"data/iter_{k}/eval/{kind}.parquet"
+                if table.is_file():
+                    mine = pd.read_parquet(table)
+                    t = paired_test(mine, prev)
+                    row["models"].append(f"{kind.upper() if kind != 'student' else 'student'}-{k} "
+                                         f"{100 * mine['success'].mean():.1f}% ({t['a_only']} / {t['b_only']}, "
+                                         f"p = {t['p_value']:.2g})")
         rows.append(row)
         prev = eps
     return rows
@@ -82,12 +92,14 @@ def rewind_registry(pipe: Path, keep: int) -> list[str]:
 
 def table(results: dict[str, tuple[list[dict], float]]) -> str:
     lines = ["| rule | iteration | champion | success [95 % CI] | vs previous champion: only new / only old, "
-             "McNemar | per family | wall time |", "|---|---|---|---|---|---|---|"]
+             "McNemar | per family | this iteration's models vs previous champion | wall time |",
+             "|---|---|---|---|---|---|---|---|"]
     for rule, (rows, wall) in results.items():
         for r in rows:
             fam = ", ".join(f"{f} {100 * v:.0f}%" for f, v in sorted(r["families"].items()))
             lines.append(f"| {rule} | {r['iteration']} | {r['champion']} | {100 * r['success']:.1f}% "
                          f"[{100 * r['lo']:.0f}, {100 * r['hi']:.0f}] | {r.get('mcnemar', '-')} | {fam} | "
+                         f"{'; '.join(r.get('models', [])) or '-'} | "
                          f"{wall / 60:.1f} min |")
     return "\n".join(lines) + "\n"
 
