@@ -60,7 +60,7 @@ def test_missing_explicit_params_file(tmp_path):
 
 
 def test_micro_batches_must_divide_the_step():
-    """A micro-batch that does not divide the step's batch would drop prompts from the last one."""
+    """Micro-batches must split the step's batch evenly; the error names the key and a fix."""
     with pytest.raises(ConfigError, match=r"distill.micro_batch_size \(3\) must divide distill.batch_size \(8\)"):
         load_config(ROOT / "params.yaml", overrides=["distill.micro_batch_size=3"])
     with pytest.raises(ConfigError, match=r"rl.micro_batch_size \(5\) must divide"):

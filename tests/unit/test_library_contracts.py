@@ -97,6 +97,19 @@ def test_distillation_compute_loss_override(distill_cls):
         "self", "unwrapped_model", "input_ids", "attention_mask", "logits_to_keep"]
 
 
+def test_distillation_micro_batches_share_one_generation_and_one_token_count(distill_cls):
+    """``distill.micro_batch_size`` is exact only because TRL generates once per optimizer step, splits
+    that batch into ``gradient_accumulation_steps`` pieces, divides every piece's loss by the whole
+    step's token count and tells the Trainer not to divide again (measured: same step loss and grad
+    norm with 8 prompts at once and in 4 micro-batches)."""
+    assert distill_cls.loss_is_scaled_for_ga is True
+    src = inspect.getsource(distill_cls._prepare_inputs)
+    assert "generate_every = self.args.gradient_accumulation_steps" in src
+    assert "split_tensor_dict(generation_batch, self.args.gradient_accumulation_steps)" in src
+    gen = inspect.getsource(distill_cls._generate_and_score_completions)
+    assert "num_items_in_batch = self.accelerator.gather(loss_mask.sum()).sum()" in gen
+
+
 def test_trainer_signature_columns_override():
     """OPDTrainer._set_signature_columns_if_needed keeps the ``spec`` column TRL would drop."""
     from transformers import Trainer
