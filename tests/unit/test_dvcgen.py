@@ -106,3 +106,27 @@ def test_every_declared_param_is_in_params_yaml():
             for part in str(key).split("."):
                 assert isinstance(node, dict) and part in node, f"{name}: param {key} is not in params.yaml"
                 node = node[part]
+
+
+def _value(raw: dict, key: str):
+    for part in key.split("."):
+        raw = raw[part]
+    return raw
+
+
+def test_long_profile_continues_the_default_loop_with_the_same_first_two_iterations():
+    """`make run PROFILE=long` measures the champion curve over 4 iterations (issue L item 3); its first two
+    iterations must be the default's, stage for stage and param for param, so its curve extends the default's."""
+    default = load_raw(REPO / "params.yaml")
+    long = load_raw(REPO / "params.yaml", "long")
+    assert long["pipeline"]["iterations"] >= 4 > default["pipeline"]["iterations"] == 2
+    ours = expand(dvcgen.pipeline(default, repo=REPO)["stages"])
+    theirs = expand(dvcgen.pipeline(long, "../../", repo=REPO)["stages"])
+    assert {s for s in theirs if re.search(r"-[34](@|$)", s)}, "long declares iterations 3 and 4"
+    for name, spec in ours.items():
+        other = theirs[name]
+        assert other["cmd"] == spec["cmd"] and other.get("outs") == spec.get("outs"), name
+        assert [d.removeprefix("../../") if isinstance(d, str) else d for d in other["deps"]] == spec["deps"], name
+        assert other.get("params", []) == spec.get("params", []), name
+        for key in spec.get("params", []):
+            assert _value(long, key) == _value(default, key), f"{name}: {key} differs from the default's"
