@@ -20,7 +20,9 @@ Both evaluation tables pass the ``eval_results`` gate before any alias moves.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +95,6 @@ def _rel(p: Path, root: Path) -> str:
 
 def weights_md5(folder: Path) -> str:
     """md5 over a model folder's files (sorted relative paths + bytes): identifies the start model."""
-    import hashlib
-
     h = hashlib.md5()
     for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
         h.update(str(f.relative_to(folder)).encode())
@@ -147,6 +147,32 @@ def weights_digest(weights: Path, dvc_md5: str) -> str:
     return "sha256:" + model_fingerprint(str(weights)) if Path(weights).is_dir() else "missing"
 
 
+def file_md5(path: Path) -> str:
+    """md5 of one file's bytes: what an evaluation table was when its model was registered."""
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _same_weights(tags: dict[str, Any], weights: Path) -> bool:
+    """Whether ``weights`` are still those registered (the version's ``weights_digest``; no tag: assumed)."""
+    recorded = tags.get("weights_digest")
+    producer = _PRODUCER.get(tags.get(lineage.TAG_KIND, ""))
+    if not recorded or producer is None:
+        return True
+    md5 = lock_md5(Path(tags.get("root", ".")), f"{producer}-{tags.get(lineage.TAG_ITER, '')}",
+                   tags.get("weights_path", ""))
+    return weights_digest(weights, md5) == recorded
+
+
+def lock_md5(workdir: Path, stage: str, out: str) -> str:
+    """DVC's md5 of output ``out`` of ``stage`` in ``dvc.lock`` ("" when the stage never ran under DVC)."""
+    lock = lineage.dvc_lock_entry(workdir, stage)
+    return next((o.get("md5", "") for o in lock.get("outs", []) if o["path"] == out), "")
+
+
 def _recorded(prior: dict[str, Any] | None) -> dict[str, Any] | None:
     """The decision a killed earlier attempt recorded on its registered version (rerun = same decision)."""
     if not prior or "promotion" not in prior["tags"]:
@@ -171,11 +197,23 @@ def _champion_results(champ: dict[str, Any], challenger: pd.DataFrame, cfg: Conf
     tags = champ["tags"]
     table = Path(tags.get("eval_table", ""))
     if table.is_file():
-        df = read_parquet(table)
-        if set(challenger["problem_id"]) <= set(df["problem_id"]):
-            return df
+        if tags.get("eval_table_md5", file_md5(table)) != file_md5(table):
+            # another run of the champion's iteration in this workspace (a `dvc exp run` of another rule)
+            # rewrote the table since the champion was registered: its rows are not the champion's
+            warnings.warn(f"champion v{champ['version']}'s evaluation table {table} changed since it was registered; "
+                          "not comparing against it", stacklevel=2)
+        else:
+            df = read_parquet(table)
+            if set(challenger["problem_id"]) <= set(df["problem_id"]):
+                return df
     weights = Path(tags.get("root", paths.root)) / tags.get("weights_path", "")
     if not (weights / "config.json").exists():
+        return None
+    if not _same_weights(tags, weights):
+        warnings.warn(f"champion v{champ['version']}'s weights {weights} changed since it was registered; it cannot "
+                      "be re-evaluated, so it stays champion. To compare a re-run of an iteration against the champion "
+                      "before it, rewind the registry first (apprentice.lineage.rewind, as bench/loop_rules.py does)",
+                      stacklevel=2)
         return None
     from apprentice.stages import evaluate
 
@@ -196,8 +234,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     name = pc.registered_model
     weights = getattr(paths, _MODEL_DIR[cand])
     rel = str(weights.relative_to(paths.root))
-    lock = lineage.dvc_lock_entry(paths.root, f"{_PRODUCER[cand]}-{paths.iteration}")
-    md5 = next((o.get("md5", "") for o in lock.get("outs", []) if o["path"] == rel), "")
+    md5 = lock_md5(paths.root, f"{_PRODUCER[cand]}-{paths.iteration}", rel)
     digest = weights_digest(weights, md5)
     prior = lineage.find_version(name, rel, digest)  # these weights registered by an earlier attempt
     recorded = _recorded(prior)
@@ -225,7 +262,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         version = prior["version"] if prior else lineage.register_reference(
             run_id, name, rel, paths.root, md5, git,
             {lineage.TAG_ITER: paths.iteration, lineage.TAG_KIND: cand, "root": str(paths.root),
-             "success_rate": success, "eval_table": str(table), "weights_digest": digest,
+             "success_rate": success, "eval_table": str(table), "eval_table_md5": file_md5(table),
+             "weights_digest": digest,
              "promotion": "promoted" if decision["promote"] else "kept", "promotion_reason": decision["reason"],
              "promotion_stats": json.dumps(stats, default=str),
              "champion_before": champ["version"] if champ else "none"})

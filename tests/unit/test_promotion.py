@@ -233,3 +233,23 @@ def test_promotion_registers_and_moves_aliases_on_a_tracking_server(tracking_ser
     assert lineage.aliases(name) == {"champion": "1", "challenger": "2"}
     again = promote.run(cfg, Paths(tmp_path, 2))  # a rerun: the same weights find their version
     assert again["version"] == 2 and lineage.aliases(name) == {"champion": "1", "challenger": "2"}
+
+
+def test_a_champion_whose_table_was_rewritten_is_not_compared_on_the_new_rows(store):
+    """`dvc exp run` of another loop rule in the same workspace rewrites the champion's evaluation table
+    and weights (same paths). promote must not read those rows as the champion's: it keeps the champion,
+    saying why, instead of comparing a challenger against a table that is no longer the champion's."""
+    from apprentice import lineage
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml")
+    cand, name = cfg.promote.candidate, cfg.promote.registered_model
+    promote.run(cfg, _iteration(store, 1, [True] * 25 + [False] * 5, cand))  # v1: 25 / 30
+    v1 = lineage.alias_version(name, "champion")
+    assert v1["tags"]["eval_table_md5"] == promote.file_md5(Path(v1["tags"]["eval_table"]))
+    # another rule re-runs iteration 1 here: a weak table and other weights at v1's paths
+    write_parquet(_episodes([False] * 30, cand), store / "data" / "iter_1" / "eval" / f"{cand}.parquet")
+    (store / "models" / "iter_1" / cand / "config.json").write_text("{}")
+    with pytest.warns(UserWarning, match="changed since it was registered"):
+        res = promote.run(cfg, _iteration(store, 2, [True] * 12 + [False] * 18, cand))  # worse than v1's 25
+    assert not res["promoted"] and res["champion_version"] == 1 and "no evaluation" in res["reason"]
