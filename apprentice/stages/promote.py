@@ -197,7 +197,8 @@ def _champion_results(champ: dict[str, Any], challenger: pd.DataFrame, cfg: Conf
     tags = champ["tags"]
     table = Path(tags.get("eval_table", ""))
     if table.is_file():
-        if tags.get("eval_table_md5", file_md5(table)) != file_md5(table):
+        now = file_md5(table)
+        if tags.get("eval_table_md5", now) != now:  # versions registered before the tag: trusted as before
             # another run of the champion's iteration in this workspace (a `dvc exp run` of another rule)
             # rewrote the table since the champion was registered: its rows are not the champion's
             warnings.warn(f"champion v{champ['version']}'s evaluation table {table} changed since it was registered; "
