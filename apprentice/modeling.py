@@ -197,6 +197,20 @@ def generation(dtype: str | torch.dtype, device: str | torch.device | None = Non
         yield
 
 
+def trim_heap() -> None:
+    """Give the pages of freed heap chunks back to the OS (glibc ``malloc_trim``; elsewhere nothing).
+
+    Why: glibc raises its mmap threshold after the first large tensor is freed, so later tensors of
+    up to 32 MB come from the heap, and freed chunks stay resident until reused. The generation
+    engine frees and reallocates ~1.5 GB of per-conversation keys/values every turn (3,840 tensors
+    of ~0.4 MB at 64 rows): without a trim the resident set sat 2.3 GB above the live tensors.
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 # ---- models -----------------------------------------------------------------------------------
 
 def fix_generation_config(model: Any, tokenizer: Any | None = None) -> Any:

@@ -32,8 +32,15 @@ Correctness: the key/value of position ``p`` depends only on tokens ``<= p``, so
 an identical token prefix is exact up to floating-point summation order; a test checks that greedy
 episodes equal plain one-at-a-time ``generate`` in fp32 and bf16, and ``bench/rollout.py`` checks the
 same on real problems. The match is on *token ids* (longest common prefix), so a re-rendered turn
-that tokenizes differently from what was generated simply reuses less. Memory is bounded by
-``cache_tokens`` (least recently used conversations are dropped).
+that tokenizes differently from what was generated simply reuses less.
+
+Memory (issue M: evaluation of 160 problems at 64 rows peaked at 6.48 GB resident in bf16, 2-core
+AMX Xeon; 5.10 GB after these four changes, same episodes): ``kv_gb`` bounds the keys/values in
+bytes, whatever the dtype (store: least recently used conversations are dropped; a call too large
+for its buffers runs in parts, :meth:`CachedHFPolicy._split`); the store makes room for a call's new
+entries before decoding, not after; prefill sub-batches are leading rows of the cache (views, not a
+gathered copy of their keys/values); and freed entries' heap pages go back to the OS each call
+(:func:`apprentice.modeling.trim_heap`).
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from apprentice.policies.toolcalls import parse_assistant
 MIN_SHARED_PREFIX = 16  # tokens; shorter common prefixes are not worth a separate forward pass
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the store removes entries by identity, never by comparing their arrays
 class _Entry:
     ids: np.ndarray  # token ids whose keys/values are stored
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (kv_heads, len, head_dim)
@@ -179,16 +186,32 @@ def _gqa_sdpa() -> Iterator[None]:
             os.environ[_FORCE_GQA] = old
 
 
-class CachedHFPolicy(HFPolicy):
-    """Same constructor and outputs as :class:`HFPolicy`; ``cache_tokens`` caps the stored prefixes."""
+KV_GB = 3.2  # keys/values the engine may hold: the prefix store plus one call's decode buffers
+STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (larger calls are split)
 
-    def __init__(self, *args: Any, cache_tokens: int = 65536, **kwargs: Any) -> None:
+
+class CachedHFPolicy(HFPolicy):
+    """Same constructor and outputs as :class:`HFPolicy`.
+
+    Memory: ``kv_gb`` bounds the keys/values held at once, in bytes, so the bound is the same in
+    fp32 and bf16 (a token's keys/values take twice the bytes in fp32). ``STORE_SHARE`` of it caps
+    the prefix store (``cache_tokens``, derived unless given); the rest caps one call's decode
+    buffers: a call whose rows x (longest prompt + ``max_new_tokens``) would pass it runs as several
+    smaller calls (:meth:`_split`). Why bytes: evaluation at 64 rows x ~1,200 tokens reached 6.5 GB
+    resident in bf16 and would reach twice its keys/values in fp32.
+    """
+
+    def __init__(self, *args: Any, cache_tokens: int | None = None, kv_gb: float = KV_GB, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.cache_tokens = cache_tokens
         self._store: list[_Entry] = []
         cfg = self.model.config
         self._kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        layers = len(self.model.model.layers) if hasattr(self.model, "model") else cfg.num_hidden_layers
+        itemsize = torch.finfo(self.dtype).bits // 8  # the cache's dtype is the compute dtype's (_kv_dtype_of)
+        self.token_bytes = 2 * layers * self._kv_heads * self._head_dim * itemsize  # keys + values, all layers
+        self.cache_tokens = cache_tokens if cache_tokens is not None else int(kv_gb * 1e9 * STORE_SHARE) // self.token_bytes
+        self.buffer_tokens = int(kv_gb * 1e9 * (1 - STORE_SHARE)) // self.token_bytes  # rows x width of one call
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
         self._kv_dtype: torch.dtype | None = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, flat; grown, never shrunk
@@ -211,7 +234,8 @@ class CachedHFPolicy(HFPolicy):
         """Flat key/value buffers of at least ``numel`` elements per layer (see :class:`_EngineLayer`),
         grown by 25 % over the need so that slowly growing conversations do not reallocate every turn."""
         if not self._buffers or self._buffers[0][0].numel() < numel or self._buffers[0][0].dtype != dtype:
-            n = int(numel * 1.25)
+            cap = self.buffer_tokens * self._kv_heads * self._head_dim  # per layer, keys (values alike)
+            n = max(numel, min(int(numel * 1.25), cap))
             self._buffers = []  # free the old ones before allocating
             self._buffers = [(torch.zeros(n, dtype=dtype, device=self.device), torch.zeros(n, dtype=dtype, device=self.device))
                              for _ in range(layers)]
@@ -226,8 +250,9 @@ class CachedHFPolicy(HFPolicy):
                 best, n = e, k
         return best, n
 
-    def _evict(self) -> None:
-        total = sum(len(e.ids) for e in self._store)
+    def _evict(self, reserve: int = 0) -> None:
+        """Drop least recently used entries until the store plus ``reserve`` tokens fit ``cache_tokens``."""
+        total = sum(len(e.ids) for e in self._store) + reserve
         if total <= self.cache_tokens:
             return
         for e in sorted(self._store, key=lambda e: e.used):
@@ -283,18 +308,45 @@ class CachedHFPolicy(HFPolicy):
         return [(layer.keys[0].to(dtype), layer.values[0].to(dtype)) for layer in cache.layers]
 
     # -- generation ----------------------------------------------------------------------------
+    def _split(self, reuse: list[int], new: list[int], max_new_tokens: int) -> list[tuple[int, int]]:
+        """Consecutive ``(start, end)`` ranges of rows whose decode buffers fit ``buffer_tokens``: rows
+        x (longest reused prefix + most new tokens + ``max_new_tokens``), the cache layout of
+        :meth:`_decode`, with the reuse found in the store now. One range when the whole call fits; a
+        row too long for the budget alone still runs (alone). The rollout loop sends the longest rows
+        first, so a split leaves the short ones together."""
+        out, start, c, n = [], 0, 0, 0
+        for i, (r, k) in enumerate(zip(reuse, new, strict=True)):
+            c2, n2 = max(c, r), max(n, k)
+            if i > start and (i - start + 1) * (c2 + n2 + max_new_tokens) > self.buffer_tokens:
+                out.append((start, i))
+                start, c2, n2 = i, r, k
+            c, n = c2, n2
+        return [*out, (start, len(reuse))]
+
     def _generate(self, convs: list[list[Message]], tools: list[list[dict[str, Any]]],
                   temperature: float, top_p: float, max_new_tokens: int) -> list[Turn]:
-        from transformers import StaticCache
-
         tok = self.tokenizer
         rows = [np.asarray(tok(self.render(c, t), add_special_tokens=False)["input_ids"], dtype=np.int64)
                 for c, t in zip(convs, tools, strict=True)]
+        reuse = [min(self._best(r)[1], len(r) - 1) for r in rows]
+        turns: list[Turn] = []
+        for a, b in self._split(reuse, [len(r) - k for r, k in zip(rows, reuse, strict=True)], max_new_tokens):
+            turns += self._decode(rows[a:b], temperature, top_p, max_new_tokens)  # matches again: a part may free entries
+        return turns
+
+    def _decode(self, rows: list[np.ndarray], temperature: float, top_p: float, max_new_tokens: int) -> list[Turn]:
+        from transformers import StaticCache
+
+        tok = self.tokenizer
         hits = [self._best(r)[1] for r in rows]
         self._add_shared_prefixes(rows, hits)
         matches = [self._best(r) for r in rows]
         # reuse at most len-1 tokens: the last prompt token must run to give the next-token logits
         reuse = [min(n, len(r) - 1) if e is not None else 0 for r, (e, n) in zip(rows, matches, strict=True)]
+        # rows with the most new tokens first: every prefill sub-batch is then a prefix of the rows, a
+        # view of the cache (a gathered copy of a sub-batch's keys/values was 2 GB at 64 rows, bf16)
+        order = sorted(range(len(rows)), key=lambda i: reuse[i] - len(rows[i]))
+        rows, matches, reuse = [rows[i] for i in order], [matches[i] for i in order], [reuse[i] for i in order]
         B = len(rows)
         C = max(reuse)
         S = max(len(r) - c for r, c in zip(rows, reuse, strict=True))
@@ -331,6 +383,11 @@ class CachedHFPolicy(HFPolicy):
         for e in superseded.values():
             e.kv = []
         self._store = [e for e in self._store if id(e) not in superseded]
+        # and make room for what this call will store (every row's prompt + reply) *before* decoding:
+        # evicting only afterwards let the store hold the cap's worth of finished episodes plus every
+        # live row's new copy at once, evaluation's peak (6.5 GB at 64 rows, bf16; 1.5 GB over the cap)
+        self._evict(reserve=sum(len(r) for r in rows) + B * max_new_tokens)
+        modeling.trim_heap()
         self.stats["prompt_tokens"] += sum(len(r) for r in rows)
         self.stats["reused_tokens"] += sum(reuse)
 
@@ -352,7 +409,7 @@ class CachedHFPolicy(HFPolicy):
             for b in positions:
                 i = int(act[b])
                 keep = mask[b, :cur].nonzero().squeeze(-1)[: len(rows[i]) + n_gen[i] - 1]
-                kv_rows[i] = [(layer.keys[b][:, keep].clone(), layer.values[b][:, keep].clone())
+                kv_rows[i] = [(layer.keys[b][:, keep], layer.values[b][:, keep])  # indexing copies
                               for layer in cache.layers]
 
         with modeling.generation(self.dtype, self.device):
@@ -394,7 +451,7 @@ class CachedHFPolicy(HFPolicy):
                               extra={"finish_reason": "length" if stop_at is None else "stop",
                                      "cached_tokens": reuse[i]}))
         self._evict()
-        return turns
+        return [turns[k] for k in sorted(range(len(order)), key=order.__getitem__)]  # the caller's order
 
     def _prefill(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Any, C: int,
                  new: list[int]) -> torch.Tensor:
@@ -421,14 +478,15 @@ class CachedHFPolicy(HFPolicy):
                 logits = self.model(input_ids=ids[:, a:b], position_ids=pos[:, a:b], attention_mask=mask, cache=cache,
                                     use_cache=True, logits_to_keep=1).logits
                 continue
-            sub = torch.tensor(rows, device=ids.device)
+            m = len(rows)
+            if rows != list(range(m)):
+                raise AssertionError("prefill sub-batches must be leading rows (_decode orders them)")
             full = [(layer.keys, layer.values) for layer in cache.layers]
             for layer, (k, v) in zip(cache.layers, full, strict=True):
-                layer.keys, layer.values = k[sub], v[sub]
-            self.model(input_ids=ids[sub, a:b], position_ids=pos[sub, a:b], attention_mask=mask[sub], cache=cache,
+                layer.keys, layer.values = k[:m], v[:m]  # views: written in place
+            self.model(input_ids=ids[:m, a:b], position_ids=pos[:m, a:b], attention_mask=mask[:m], cache=cache,
                        use_cache=True, logits_to_keep=1)
             for layer, (k, v) in zip(cache.layers, full, strict=True):
-                k[sub], v[sub] = layer.keys, layer.values
                 layer.keys, layer.values = k, v
         return logits
 

@@ -72,12 +72,12 @@ def release_memory() -> None:
     start, then on-policy distillation, 135M teacher, AMX Xeon): 3.8 GB resident between the phases,
     7.2 GB peak. ``malloc_trim`` is glibc's; elsewhere only the collection runs.
     """
-    import ctypes
     import gc
 
+    from apprentice.modeling import trim_heap
+
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): the collection alone
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_heap()  # not glibc (macOS, musl): the collection alone
 
 
 def require_model(ref: str) -> None:

@@ -91,6 +91,38 @@ def test_kv_cache_is_bounded_and_sampling_is_seeded(tiny_policy):
     assert [t.messages for t in runs[0]] == [t.messages for t in runs[1]]
 
 
+class _Recording(CachedHFPolicy):
+    """The engine, recording the rows of each decode call and the store after each pre-decode eviction."""
+
+    def _decode(self, rows, *args):
+        self.calls = [*getattr(self, "calls", []), len(rows)]
+        return super()._decode(rows, *args)
+
+    def _evict(self, reserve=0):
+        super()._evict(reserve)
+        if reserve:
+            self.made_room = [*getattr(self, "made_room", []), (sum(len(e.ids) for e in self._store), reserve)]
+
+
+def test_a_call_over_the_kv_budget_runs_in_parts_with_the_same_actions(chatty_policy):
+    """``kv_gb`` bounds the engine in bytes: a call whose decode buffers would pass it is split into
+    smaller calls (same greedy actions, fp32), and the prefix store makes room for a call's new
+    entries before decoding, so it never holds the cap's worth of old entries plus the new ones."""
+    specs = _specs() * 2
+    ref = run_episodes(specs, CachedHFPolicy.from_policy(chatty_policy), max_turns=3, progress=False)
+    tight = _Recording.from_policy(chatty_policy, cache_tokens=600)
+    turn_prompt = max(t.prompt_tokens for t in ref) // 3  # prompt_tokens sums the 3 turns' prompts
+    tight.buffer_tokens = 3 * (turn_prompt + tight.max_new_tokens)  # a few rows a call
+    split = run_episodes(specs, tight, max_turns=3, progress=False)
+    assert [t.messages for t in split] == [t.messages for t in ref]
+    assert max(tight.calls) < len(specs) and len(tight.calls) > 3  # the 8 live episodes ran in parts
+    per_layer = tight._buffers[0][0].numel() // (tight._kv_heads * tight._head_dim)
+    assert per_layer <= tight.buffer_tokens
+    # room is made before decoding: what stays plus what the call will add fits the cap (or nothing stays)
+    assert all(n + reserve <= tight.cache_tokens or n == 0 for n, reserve in tight.made_room)
+    assert any(n > 0 for n, _ in tight.made_room)
+
+
 def _project(tmp_path, n=4):
     paths = Paths(tmp_path, 1)
     specs = _specs()[:n]

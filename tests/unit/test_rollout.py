@@ -149,6 +149,17 @@ def test_batch_size_caps_live_episodes_and_a_finished_one_hands_its_place_on():
     assert pol.batches == [2, 2, 2, 2, 2, 1]
 
 
+def test_the_largest_turn_budgets_are_admitted_first_and_results_keep_spec_order():
+    # episodes of 2, 2, 2, 5 turns, 2 at a time: admitted in spec order, the long one starts last and
+    # plays its last 3 turns alone ([2, 2, 2, 2, 1, 1, 1]); admitted first, it plays beside the others
+    specs = _specs([1, 1, 1, 4])
+    pol = PlanPolicy()
+    trajs = run_episodes(specs, pol, batch_size=2, env_factory=_env, progress=False)
+    assert pol.batches == [2, 2, 2, 2, 2, 1]
+    assert [t.problem_id for t in trajs] == [s.problem_id for s in specs]
+    assert [t.turns for t in trajs] == [2, 2, 2, 5]
+
+
 def test_budget_truncates_unfinished_episodes():
     pol = FnPolicy(lambda conv: _turn(ToolCall("inc", {})))
     trajs = run_episodes(_specs([3, 1]), pol, env_factory=_env, progress=False)
