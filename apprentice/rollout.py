@@ -163,7 +163,7 @@ def run_episodes(
     fills ``Trajectory.level``; otherwise pass ``levels`` (one per spec, or problem_id -> level).
     ``max_turns`` > 0 caps every episode's own budget (``env.turn_budget()``). Each round makes
     one ``policy.act`` call for at most ``batch_size`` live episodes; a finished episode's place goes
-    to the next waiting one (episode-level continuous batching). ``seed`` seeds torch (sampling).
+    to the next waiting one, largest turn budget first (episode-level continuous batching). ``seed`` seeds torch (sampling).
     ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
     ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn
     completion (``max_completion_length``): generated tokens *plus* tool responses (counted with
