@@ -34,9 +34,8 @@ episodes equal plain one-at-a-time ``generate`` in fp32 and bf16, and ``bench/ro
 same on real problems. The match is on *token ids* (longest common prefix), so a re-rendered turn
 that tokenizes differently from what was generated simply reuses less.
 
-Memory (issue M: evaluation of 160 problems at 64 rows peaked at 6.48 GB resident in bf16, 2-core
-AMX Xeon; 5.10 GB after these four changes, same episodes): ``kv_gb`` bounds the keys/values in
-bytes, whatever the dtype (store: least recently used conversations are dropped; a call too large
+Memory (issue M: evaluation of 160 problems at 64 rows peaked at 6.5-6.6 GB resident in bf16, 2-core
+AMX Xeon; 4.8 GB after these changes, README § Benchmarks): ``kv_gb`` bounds the keys/values in bytes, whatever the dtype (store: least recently used conversations are dropped; a call too large
 for its buffers runs in parts, :meth:`CachedHFPolicy._split`); the store makes room for a call's new
 entries before decoding, not after; prefill sub-batches are leading rows of the cache (views, not a
 gathered copy of their keys/values); and freed entries' heap pages go back to the OS each call
