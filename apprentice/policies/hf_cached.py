@@ -35,10 +35,11 @@ same on real problems. The match is on *token ids* (longest common prefix), so a
 that tokenizes differently from what was generated simply reuses less.
 
 Memory (issue M: evaluation of 160 problems at 64 rows peaked at 6.5-6.6 GB resident in bf16, 2-core
-AMX Xeon; 4.8 GB after these changes, README § Benchmarks): ``kv_gb`` bounds the keys/values in bytes, whatever the dtype (store: least recently used conversations are dropped; a call too large
+AMX Xeon; 4.8 GB after these changes, README § Benchmarks): ``kv_gb`` bounds the keys/values in
+bytes, whatever the dtype (store: least recently used conversations are dropped; a call too large
 for its buffers runs in parts, :meth:`CachedHFPolicy._split`); the store makes room for a call's new
 entries before decoding, not after; prefill sub-batches are leading rows of the cache (views, not a
-gathered copy of their keys/values); and freed entries' heap pages go back to the OS each call
+gathered copy of their keys/values); and the heap pages of freed entries go back to the OS
 (:func:`apprentice.modeling.trim_heap`).
 """
 
@@ -187,6 +188,7 @@ def _gqa_sdpa() -> Iterator[None]:
 
 KV_GB = 3.2  # keys/values the engine may hold: the prefix store plus one call's decode buffers
 STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (larger calls are split)
+TRIM_BYTES = 64e6  # freed keys/values above which a call hands the heap's free pages back (trim_heap)
 
 
 class CachedHFPolicy(HFPolicy):
@@ -195,8 +197,8 @@ class CachedHFPolicy(HFPolicy):
     Memory: ``kv_gb`` bounds the keys/values held at once, in bytes, so the bound is the same in
     fp32 and bf16 (a token's keys/values take twice the bytes in fp32). ``STORE_SHARE`` of it caps
     the prefix store (``cache_tokens``, derived unless given); the rest caps one call's decode
-    buffers: a call whose rows x (longest prompt + ``max_new_tokens``) would pass it runs as several
-    smaller calls (:meth:`_split`). Why bytes: evaluation at 64 rows x ~1,200 tokens reached 6.5 GB
+    buffers: a call whose rows x cache width would pass it runs as several smaller calls
+    (:meth:`_split`). Why bytes: evaluation at 64 rows x ~1,200 tokens reached 6.5 GB
     resident in bf16 and would reach twice its keys/values in fp32.
     """
 
@@ -249,16 +251,18 @@ class CachedHFPolicy(HFPolicy):
                 best, n = e, k
         return best, n
 
-    def _evict(self, reserve: int = 0) -> None:
-        """Drop least recently used entries until the store plus ``reserve`` tokens fit ``cache_tokens``."""
+    def _evict(self, reserve: int = 0) -> int:
+        """Drop least recently used entries until the store plus ``reserve`` tokens fit ``cache_tokens``;
+        return the tokens dropped."""
         total = sum(len(e.ids) for e in self._store) + reserve
-        if total <= self.cache_tokens:
-            return
+        dropped = 0
         for e in sorted(self._store, key=lambda e: e.used):
-            self._store.remove(e)
-            total -= len(e.ids)
             if total <= self.cache_tokens:
                 break
+            self._store.remove(e)
+            total -= len(e.ids)
+            dropped += len(e.ids)
+        return dropped
 
     def _add_shared_prefixes(self, rows: list[np.ndarray], hits: list[int]) -> None:
         """Encode once the common prefix of conversations that have nothing cached yet."""
@@ -379,14 +383,16 @@ class CachedHFPolicy(HFPolicy):
         # stay for other episodes): free those now, not after decoding, so that the old and the new
         # copy of every conversation's keys/values never coexist (~1.5 GB at 64 rows x 800 tokens in bf16)
         superseded = {id(e): e for e, _ in matches if e is not None and not e.shared}
+        freed = sum(len(e.ids) for e in superseded.values())
         for e in superseded.values():
             e.kv = []
         self._store = [e for e in self._store if id(e) not in superseded]
         # and make room for what this call will store (every row's prompt + reply) *before* decoding:
         # evicting only afterwards let the store hold the cap's worth of finished episodes plus every
-        # live row's new copy at once, evaluation's peak (6.5 GB at 64 rows, bf16; 1.5 GB over the cap)
-        self._evict(reserve=sum(len(r) for r in rows) + B * max_new_tokens)
-        modeling.trim_heap()
+        # live row's new copy at once (part of evaluation's 6.5 GB peak at 64 rows, bf16)
+        freed += self._evict(reserve=sum(len(r) for r in rows) + B * max_new_tokens)
+        if freed * self.token_bytes > TRIM_BYTES:  # a trim walks the heap: not for a few small entries
+            modeling.trim_heap()
         self.stats["prompt_tokens"] += sum(len(r) for r in rows)
         self.stats["reused_tokens"] += sum(reuse)
 

@@ -99,9 +99,10 @@ class _Recording(CachedHFPolicy):
         return super()._decode(rows, *args)
 
     def _evict(self, reserve=0):
-        super()._evict(reserve)
+        dropped = super()._evict(reserve)
         if reserve:
             self.made_room = [*getattr(self, "made_room", []), (sum(len(e.ids) for e in self._store), reserve)]
+        return dropped
 
 
 def test_a_call_over_the_kv_budget_runs_in_parts_with_the_same_actions(chatty_policy):
