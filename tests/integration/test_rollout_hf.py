@@ -165,3 +165,23 @@ def test_evaluate_stage_with_a_model_path_writes_episodes_and_metrics(tmp_path, 
     assert stage.run(cfg, paths, policy=tiny_model_dir, progress=False)["skipped"]
     oracle = stage.run(cfg, paths, policy="oracle", progress=False)
     assert oracle["success_rate"] == 1.0 and (paths.eval_dir / "oracle.json").exists()
+
+
+def test_grouped_decode_attention_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy, monkeypatch):
+    """Decode steps read each group of rows' own columns only (rows sorted by first used column): with
+    episodes admitted while others are turns ahead (batch 3 of 8), rows of one call start far apart.
+    Groups made free and reordering forced, greedy fp32 actions still equal plain ``generate``'s."""
+    import apprentice.policies.hf_cached as engine
+
+    monkeypatch.setattr(engine, "GROUP_COST", 0)
+    monkeypatch.setattr(engine, "worth_reordering", lambda *a: True)
+    plans = []
+    real = engine.decode_groups
+    monkeypatch.setattr(engine, "decode_groups", lambda starts, end: plans.append(real(starts, end)) or plans[-1])
+    specs = _specs() * 2
+    fast = run_episodes(specs, CachedHFPolicy.from_policy(chatty_policy), max_turns=3, batch_size=3, progress=False)
+    single = HFPolicy(chatty_policy.model, chatty_policy.tokenizer, max_new_tokens=12, batch_size=1, dtype="fp32")
+    plain = [run_episodes([s], single, max_turns=3, batch_size=1, progress=False)[0] for s in specs]
+    assert [t.messages for t in fast] == [t.messages for t in plain]
+    assert any(len(p) > 1 and p[-1][2] > p[0][2] for p in plans)  # some steps ran several groups, later ones starting later
+

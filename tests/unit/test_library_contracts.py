@@ -193,3 +193,23 @@ def test_sdpa_force_gqa_switch_is_read_per_call():
         assert sdpa_attention.use_gqa_in_sdpa(mask, k, k)
     assert not sdpa_attention.use_gqa_in_sdpa(mask, k, k)
     assert "use_gqa_in_sdpa(attention_mask, key, value)" in inspect.getsource(sdpa_attention.sdpa_attention_forward)
+
+
+def test_attention_functions_are_looked_up_per_forward_with_a_local_override():
+    """The engine's decode steps override transformers' ``sdpa`` attention through the global
+    interface's local mapping (``hf_cached._grouped_decode``): the model must look the function up
+    on every forward, by ``config._attn_implementation``, and the override must be undone after."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama import modeling_llama
+
+    from apprentice.policies.hf_cached import _grouped_decode, _grouped_sdpa
+
+    src = inspect.getsource(modeling_llama.LlamaAttention.forward)
+    assert "ALL_ATTENTION_FUNCTIONS.get_interface(" in src and "self.config._attn_implementation" in src
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward
+    with _grouped_decode():
+        assert ALL_ATTENTION_FUNCTIONS.get_interface("sdpa", None) is _grouped_sdpa
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward
+    params = list(inspect.signature(sdpa_attention_forward).parameters)
+    assert params[:5] == ["module", "query", "key", "value", "attention_mask"]

@@ -1,4 +1,5 @@
-"""The engine's chunked prefill plan: every row's new tokens run exactly once, by a chunk that has it."""
+"""The engine's plans: the chunked prefill (every row's new tokens run exactly once, by a chunk that
+has it) and the decode groups (each row's columns read by its group)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 import pytest
 
-from apprentice.policies.hf_cached import prefill_plan
+from apprentice.policies.hf_cached import GROUP_COST, decode_groups, prefill_plan
 
 
 def _padded(new, plan):
@@ -38,3 +39,23 @@ def test_one_long_observation_does_not_pad_the_whole_batch():
 
 def test_equal_lengths_are_one_call():
     assert prefill_plan([7, 7, 7], 7) == [(0, 7, None)]
+
+
+def test_decode_groups_cut_where_rows_start_far_apart():
+    assert decode_groups([0, 0, 5, 5], 100) == [(0, 4, 0)]  # a few columns saved: not worth a group
+    far = decode_groups([0, 0, 1000, 1000, 1000], 1200)
+    assert far == [(0, 2, 0), (2, 5, 1000)]
+    cost = sum((b - a) * (1200 - s) + GROUP_COST for a, b, s in far)
+    assert cost < 5 * 1200 + GROUP_COST  # cheaper than one group over every column
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_decode_groups_cover_every_row_once_from_its_first_column_and_beat_one_group(seed):
+    rng = random.Random(seed)
+    starts = sorted(rng.choice([0, 30, 400, 900, 1500]) + rng.randint(0, 20) for _ in range(rng.randint(1, 64)))
+    end = 1600
+    plan = decode_groups(starts, end)
+    assert [a for a, _, _ in plan] == [0] + [b for _, b, _ in plan[:-1]] and plan[-1][1] == len(starts)
+    assert all(s == starts[a] and s <= starts[i] for a, b, s in plan for i in range(a, b))
+    cost = sum((b - a) * (end - s) + GROUP_COST for a, b, s in plan)
+    assert cost <= len(starts) * (end - starts[0]) + GROUP_COST
