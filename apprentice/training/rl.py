@@ -25,9 +25,9 @@ What this module adds on top:
     The pipeline's engine (``CachedHFPolicy``) is plain ``generate`` plus KV reuse across turns; putting
     it under TRL's tool loop means overriding TRL's private generation methods. The share it would
     act on, measured (RL-1 of the ``1172893`` run, bf16, quiet 2-core AMX Xeon, 2026-12-06): TRL's
-    sampling took 65.6 s of the 129.6 s of GRPO steps, in a 169 s stage (probe 26 s). With the
-    engine's ~2-3x over batched ``generate`` on multi-turn episodes that is ~40 s an iteration: the
-    next thing to move, not yet done.
+    sampling took 65.6 s of the 129.6 s of GRPO steps, in a 169 s stage (probe 26 s): at most that
+    much an iteration to gain, and less by whatever the engine itself takes (not yet measured under
+    TRL's loop, not yet done).
 
 Prompt shape (pitfall 9): TRL appends ``reset()``'s return to the last user message *without a
 separator*. The dataset's user message is therefore empty and ``reset()`` supplies the whole task
