@@ -411,13 +411,44 @@ class CachedHFPolicy(HFPolicy):
         tok = self.tokenizer
         rows = [np.asarray(tok(self.render(c, t), add_special_tokens=False)["input_ids"], dtype=np.int64)
                 for c, t in zip(convs, tools, strict=True)]
-        reuse = [min(self._best(r)[1], len(r) - 1) for r in rows]
-        turns: list[Turn] = []
-        for a, b in self._split(reuse, [len(r) - k for r, k in zip(rows, reuse, strict=True)], max_new_tokens):
-            turns += self._decode(rows[a:b], temperature, top_p, max_new_tokens)  # matches again: a part may free entries
-        return turns
+        return [self._turn(r, ids, reused)
+                for r, (ids, reused) in zip(rows, self._run(rows, temperature, top_p, max_new_tokens), strict=True)]
 
-    def _decode(self, rows: list[np.ndarray], temperature: float, top_p: float, max_new_tokens: int) -> list[Turn]:
+    def complete_ids(self, prompts: list[list[int]], *, temperature: float | None = None, top_p: float | None = None,
+                     max_new_tokens: int | None = None) -> list[list[int]]:
+        """Completions of prompts given as token ids: each one's ids up to and including its first stop
+        id (``stop_ids``), or ``max_new_tokens`` of them. The same engine, store and memory budget as
+        conversations; what GRPO samples with (:mod:`apprentice.training.rl`), where TRL hands over
+        token ids, not messages."""
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        max_new_tokens = max_new_tokens or self.max_new_tokens
+        rows = [np.asarray(p, dtype=np.int64) for p in prompts]
+        out: list[list[int]] = []
+        for s in range(0, len(rows), self.batch_size):
+            out += [ids for ids, _ in self._run(rows[s:s + self.batch_size], temperature, top_p, max_new_tokens)]
+        return out
+
+    def _run(self, rows: list[np.ndarray], temperature: float, top_p: float,
+             max_new_tokens: int) -> list[tuple[list[int], int]]:
+        """(completion ids, reused prompt tokens) per row: :meth:`_decode` over the parts :meth:`_split` makes."""
+        reuse = [min(self._best(r)[1], len(r) - 1) for r in rows]
+        out: list[tuple[list[int], int]] = []
+        for a, b in self._split(reuse, [len(r) - k for r, k in zip(rows, reuse, strict=True)], max_new_tokens):
+            out += self._decode(rows[a:b], temperature, top_p, max_new_tokens)  # matches again: a part may free entries
+        return out
+
+    def _turn(self, row: np.ndarray, gen_ids: list[int], reused: int) -> Turn:
+        stop_at = next((k for k, t in enumerate(gen_ids) if t in self.stop_ids), None)
+        text = self.tokenizer.decode(gen_ids if stop_at is None else gen_ids[:stop_at], skip_special_tokens=True)
+        msg, err = parse_assistant(text)
+        return Turn(message=msg, prompt_tokens=len(row), completion_tokens=len(gen_ids), parse_error=err, raw=text,
+                    extra={"finish_reason": "length" if stop_at is None else "stop", "cached_tokens": reused})
+
+    def _decode(self, rows: list[np.ndarray], temperature: float, top_p: float,
+                max_new_tokens: int) -> list[tuple[list[int], int]]:
+        """One batched call: (completion ids, reused prompt tokens) per row, in the caller's order; every
+        row's keys/values (prompt + completion) go into the store."""
         from transformers import StaticCache
 
         tok = self.tokenizer
@@ -547,20 +578,14 @@ class CachedHFPolicy(HFPolicy):
                 next_pos += 1
             harvest(list(range(act.numel())))
 
-        turns: list[Turn] = []
+        results: list[tuple[list[int], int]] = []
         for i, r in enumerate(rows):
             gen_ids = out[i, :n_gen[i]].tolist()
-            kv = kv_rows[i]
             self._store.append(_Entry(ids=np.concatenate([r, np.asarray(gen_ids[:-1], dtype=np.int64)]),
-                                      kv=kv, used=time.monotonic()))
-            stop_at = next((k for k, t in enumerate(gen_ids) if t in self.stop_ids), None)
-            text = tok.decode(gen_ids if stop_at is None else gen_ids[:stop_at], skip_special_tokens=True)
-            msg, err = parse_assistant(text)
-            turns.append(Turn(message=msg, prompt_tokens=len(r), completion_tokens=n_gen[i], parse_error=err, raw=text,
-                              extra={"finish_reason": "length" if stop_at is None else "stop",
-                                     "cached_tokens": reuse[i]}))
+                                      kv=kv_rows[i], used=time.monotonic()))
+            results.append((gen_ids, reuse[i]))
         self._evict()
-        return [turns[k] for k in sorted(range(len(order)), key=order.__getitem__)]  # the caller's order
+        return [results[k] for k in sorted(range(len(order)), key=order.__getitem__)]  # the caller's order
 
     @staticmethod
     def _groups(first: torch.Tensor, width: int) -> list[tuple[int, int, int]]:

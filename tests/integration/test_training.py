@@ -122,7 +122,7 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
     cfg = config(tiny_model_dir, rl={"max_steps": 1, "prompts_per_step": 2, "num_generations": 2,
                                       "max_completion_length": 24, "probe_samples": 2, "probe_problems": 2})
     result = rl.run(cfg, paths, reward_funcs=[_length_reward])
-    assert result["steps"] == 1
+    assert result["steps"] == 1 and result["sampler"] == "engine"
     # a random model never solves: both probed problems are dropped, the two unprobed ones stay
     assert {k: result["curriculum"][k] for k in ("probed", "never_solved", "kept")} == {
         "probed": 2, "never_solved": 2, "kept": 2}
@@ -197,3 +197,35 @@ def test_sft_horizon_cuts_at_turn_boundaries_and_lora_saves_a_merged_plain_model
     assert result["steps"] == 1
     assert not (tmp_path / "lora" / "adapter_config.json").exists()  # merged: a plain HF folder
     assert _changed(tmp_path / "lora", tiny_model_dir) > 0
+
+
+def test_grpo_samples_through_the_engine_the_tokens_trl_generate_gives(tmp_path, tiny_model_dir):
+    """GRPO's sampler is the pipeline's engine (``CurriculumGRPOTrainer._generate_single_turn``): made
+    greedy, it returns TRL's plain ``generate`` path's completion ids (fp32), for the first turn and
+    for a tool round that extends it, where it reuses the first round's keys/values."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.training.rl import CurriculumGRPOTrainer
+
+    model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # large random weights: varied greedy text, not one repeated token
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=12, generation_kwargs={"do_sample": False}, report_to=[], use_cpu=True)
+    trainer = CurriculumGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                                    args=args, train_dataset=Dataset.from_list([{"prompt": "hi"}] * 4),
+                                    processing_class=tok)
+    prompts = [tok("the cat sat on")["input_ids"], tok("a much longer prompt about tools and grids")["input_ids"]]
+    ids, logprobs = trainer._generate_single_turn(prompts, None, {}, 1)
+    assert ids == GRPOTrainer._generate_single_turn(trainer, prompts, None, {}, 1)[0] and logprobs is None
+    assert len({tuple(i) for i in ids}) > 1 and trainer.engine_calls == 1
+    rounds = [p + c + tok(" observation: ok")["input_ids"] for p, c in zip(prompts, ids, strict=True)]
+    again = trainer._generate_single_turn(rounds, None, {}, 1)[0]
+    assert again == GRPOTrainer._generate_single_turn(trainer, rounds, None, {}, 1)[0]
+    assert trainer._engine.stats["reused_tokens"] >= sum(len(p) for p in prompts)  # round 2 reused round 1

@@ -50,14 +50,26 @@ def _calls(cls, caller: str, callee: str) -> bool:
 
 
 def test_grpo_generate_single_turn_override():
-    """CurriculumGRPOTrainer._generate_single_turn wraps TRL's in autocast (*args, **kwargs)."""
+    """CurriculumGRPOTrainer._generate_single_turn samples through the engine in place of TRL's plain
+    ``generate`` path: same arguments, same return (completion ids, logprobs), the switches it reads
+    to leave vLLM / continuous batching to TRL; ``_generate`` is the phase after which it frees the
+    engine's cache (a behaviour test: tests/integration/test_training.py)."""
     from trl import GRPOTrainer
 
     from apprentice.training.rl import CurriculumGRPOTrainer
 
-    assert "_generate_single_turn" in vars(GRPOTrainer)
+    assert "_generate_single_turn" in vars(GRPOTrainer) and "_generate" in vars(GRPOTrainer)
     assert _calls(GRPOTrainer, "_generate", "_generate_single_turn")
-    assert CurriculumGRPOTrainer._generate_single_turn is not GRPOTrainer._generate_single_turn
+    assert _params(GRPOTrainer._generate_single_turn) == ["self", "prompt_ids", "images", "multimodal_fields",
+                                                          "num_generations", "has_tool_images"]
+    assert _params(CurriculumGRPOTrainer._generate_single_turn) == _params(GRPOTrainer._generate_single_turn)
+    src = inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert "return completion_ids, logprobs" in src and "logprobs = None" in src
+    for attr in ("self.use_vllm", "self.use_transformers_continuous_batching", "self.generation_config",
+                 "self.eos_token_ids"):
+        assert attr in src, attr
+    init = inspect.getsource(GRPOTrainer.__init__)
+    assert '"max_new_tokens": self.max_completion_length' in init and "self.eos_token_ids = eos_token_ids" in init
 
 
 @pytest.fixture(scope="module")
