@@ -42,6 +42,7 @@ from trl import DistillationTrainer
 from apprentice.config import DistillConfig
 from apprentice.modeling import autocast
 from apprentice.training import common, loggers
+from apprentice.training.sampling import EngineSampling
 
 DIVERGENCE_BETA = {"forward_kl": 0.0, "reverse_kl": 1.0}
 
@@ -51,8 +52,10 @@ def divergence_beta(distill: DistillConfig) -> float:
     return DIVERGENCE_BETA.get(distill.divergence, distill.beta)
 
 
-class ApprenticeDistillationTrainer(DistillationTrainer):
-    """``DistillationTrainer`` with per-row tool schemas, bf16 generation and the variant hooks above."""
+class ApprenticeDistillationTrainer(EngineSampling, DistillationTrainer):
+    """``DistillationTrainer`` with per-row tool schemas, the student sampling through the pipeline's
+    engine (:mod:`apprentice.training.sampling`; TRL's path, in autocast, where the engine does not
+    serve) and the variant hooks above."""
 
     def __init__(self, *args: Any, apprentice_cfg: Any = None, rollout_dtype: str = "fp32", **kwargs: Any) -> None:
         self.apprentice_cfg = apprentice_cfg
@@ -72,11 +75,17 @@ class ApprenticeDistillationTrainer(DistillationTrainer):
 
     def _generate(self, prompts: list[Any]) -> tuple:
         rows = self.batch_rows if len(self.batch_rows) == len(prompts) else [{} for _ in prompts]
-        return self.rollout(prompts, rows)
+        try:
+            return self.rollout(prompts, rows)
+        finally:
+            self._engine_release()
 
-    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+    def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any,
+                              has_tool_images: bool = False) -> Any:
+        if self._engine_serves(images, multimodal_fields):
+            return self._engine_sample(prompt_ids)
         with autocast(self._rollout_dtype):
-            return super()._generate_single_turn(*args, **kwargs)
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, has_tool_images)
 
     def _tokenize_prompts(self, prompts: list[Any]) -> tuple:
         rows = self.batch_rows
@@ -243,6 +252,7 @@ def train_distill(student: Any, teacher: Any, tokenizer: Any, rows: Sequence[dic
         "resumed_from_step": common.checkpoint_step(ckpt),
         "train_loss": common.summary_train_loss(final_dir / common.METRICS_FILE, stage, out.training_loss),
         "prompts": len(dataset),
+        "sampler": "engine" if trainer.engine_calls else "trl-generate",  # apprentice.training.sampling
         "wall_s": round(time.time() - t0, 1),
         "metrics": str(final_dir / common.METRICS_FILE),
     }

@@ -19,19 +19,13 @@ What this module adds on top:
   * **bf16 rollouts**: TRL generates outside autocast, i.e. in fp32, even with ``bf16=True``;
     :class:`CurriculumGRPOTrainer` wraps generation in autocast (~1.4x on AMX CPUs; pitfall 10).
     Trained weights stay fp32.
-  * **Sampler: the pipeline's engine** (issue M: every generation on one engine). TRL's tool loop
-    hands :meth:`CurriculumGRPOTrainer._generate_single_turn` token ids (the first turn's prompts,
-    then each episode's prompt + completion + tool response); :meth:`CachedHFPolicy.complete_ids`
-    samples them with the keys/values of each episode's earlier rounds reused, where TRL's plain
-    path re-encodes the whole episode every round with batched ``generate``. Not TRL's
-    ``use_transformers_paged`` either: that switch rides on transformers' continuous batching, the
-    slowest candidate of ``bench/generation_engines.py`` on CPU. TRL's plain path remains for what
-    the engine does not do (vLLM, images, ``top_k``/``min_p``/repetition penalty), in autocast.
-    Measured on RL-1 of the ``1172893`` run (bf16, quiet 2-core AMX Xeon, one run each side, same
-    steps): GRPO's sampling 65.6 -> 45.2 s, its steps 129.6 -> 110.3 s, the stage 169 -> 149 s, peak
-    RSS 5.45 -> 5.49 GB (the engine's cache is freed and the heap trimmed after each generation phase).
-    Resume-safe: the engine's sampling seed is ``seed + global_step`` and its cache is dropped
-    whenever the weights change (every optimizer step).
+  * **Sampler: the pipeline's engine** (:mod:`apprentice.training.sampling`): TRL's tool loop hands
+    ``_generate_single_turn`` token ids, and each tool round reuses the keys/values of the episode's
+    earlier rounds, where TRL's plain path re-encoded the whole episode every round. Measured on RL-1
+    of the ``1172893`` run (bf16, quiet 2-core AMX Xeon, one run each side, same steps): GRPO's
+    sampling 65.6 -> 45.2 s, its steps 129.6 -> 110.3 s, the stage 169 -> 149 s, peak RSS 5.45 ->
+    5.49 GB.
+
 Prompt shape (pitfall 9): TRL appends ``reset()``'s return to the last user message *without a
 separator*. The dataset's user message is therefore empty and ``reset()`` supplies the whole task
 text, which reproduces exactly the ``[system, user(task)]`` start the rollout engine (and hence the
@@ -50,64 +44,36 @@ import pandas as pd
 from trl import GRPOTrainer
 
 from apprentice.config import RLConfig
-from apprentice.modeling import autocast, trim_heap
+from apprentice.modeling import autocast
 from apprentice.training import common, loggers
+from apprentice.training.sampling import EngineSampling
 
 
-class CurriculumGRPOTrainer(GRPOTrainer):
+class CurriculumGRPOTrainer(EngineSampling, GRPOTrainer):
     """``GRPOTrainer`` sampling through the pipeline's engine (TRL's own loss, sampler and tool loop).
 
-    Overrides TRL's private ``_generate_single_turn`` (TRL pinned exactly; contract test in
-    ``tests/unit/test_library_contracts.py``): same arguments, same return (completion ids up to and
-    including the first eos id, no logprobs), as TRL's plain ``generate`` path.
+    Overrides TRL's private ``_generate_single_turn`` and wraps ``_generate`` (TRL pinned exactly;
+    contract test in ``tests/unit/test_library_contracts.py``): same arguments and return as TRL's
+    plain ``generate`` path (:mod:`apprentice.training.sampling`).
     """
 
     def __init__(self, *args: Any, rollout_dtype: str = "fp32", **kwargs: Any) -> None:
         self._rollout_dtype = rollout_dtype
-        self._engine: Any = None
-        self._engine_step = -1
-        self.engine_calls = 0
         super().__init__(*args, **kwargs)
 
-    def _engine_serves(self, images: Any, multimodal_fields: Any) -> bool:
-        gc = self.generation_config
-        return (not self.use_vllm and not self.use_transformers_continuous_batching and not images
-                and not multimodal_fields and not self.is_deepspeed_enabled and not self.is_fsdp_enabled
-                and not gc.top_k and gc.min_p is None and gc.repetition_penalty in (None, 1.0))
-
     def _generate(self, *args: Any, **kwargs: Any) -> Any:
-        """TRL's generation phase (first turns, then tool rounds); the engine's keys/values are freed
-        after it, so that they never sit under the backward pass's peak."""
         try:
             return super()._generate(*args, **kwargs)
         finally:
-            if self._engine is not None:
-                self._engine.reset_cache()
-                trim_heap()  # glibc keeps freed heap pages resident otherwise (modeling.trim_heap)
+            self._engine_release()
 
     def _generate_single_turn(self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int,
                               has_tool_images: bool = False) -> Any:
-        if not self._engine_serves(images, multimodal_fields):
-            with autocast(self._rollout_dtype):
-                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                     has_tool_images)
-        from apprentice.policies.hf_cached import CachedHFPolicy
-
-        gc = self.generation_config
-        if self._engine is None:
-            self._engine = CachedHFPolicy(self.model, self._tokenizer, dtype=self._rollout_dtype,
-                                          batch_size=max(1, len(prompt_ids)), policy_id="grpo")
-            self._engine.stop_ids = list(self.eos_token_ids)
-        if self.state.global_step != self._engine_step:  # new weights: no stale keys/values, a fresh seed
-            self._engine.reset_cache()
-            self._engine.seed, self._engine._calls = self.args.seed + self.state.global_step, 0
-            self._engine_step = self.state.global_step
-        self._engine.batch_size = max(self._engine.batch_size, len(prompt_ids))
-        self.engine_calls += 1
-        completion_ids = self._engine.complete_ids(
-            [list(p) for p in prompt_ids], temperature=gc.temperature if gc.do_sample else 0.0,
-            top_p=gc.top_p if gc.top_p is not None else 1.0, max_new_tokens=gc.max_new_tokens)
-        return completion_ids, None
+        if self._engine_serves(images, multimodal_fields):
+            return self._engine_sample(prompt_ids), None
+        with autocast(self._rollout_dtype):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
 
 
 def environment_classes(families: Sequence[str]) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
                            "student": {"keep_every": 3, "warmup_steps": 1, "warmup_lr": 1e-3}})
     result = distill.run(cfg, paths)
     assert result["teacher"] == str(paths.sft_model)  # no RL model in this iteration: SFT model teaches
-    assert result["beta"] == 1.0 and result["steps"] == 1
+    assert result["beta"] == 1.0 and result["steps"] == 1 and result["sampler"] == "engine"  # the student samples through the engine
     info = json.loads((paths.student_model / "student.json").read_text())
     assert info["student_params"] < info["teacher_params"]
     student = AutoModelForCausalLM.from_pretrained(str(paths.student_model))

@@ -72,6 +72,23 @@ def test_grpo_generate_single_turn_override():
     assert '"max_new_tokens": self.max_completion_length' in init and "self.eos_token_ids = eos_token_ids" in init
 
 
+def test_distillation_generate_single_turn_override():
+    """ApprenticeDistillationTrainer._generate_single_turn samples the student through the engine in
+    place of TRL's plain ``generate`` path: same arguments, the completion ids as the return."""
+    from trl.trainer.distillation_trainer import DistillationTrainer
+
+    from apprentice.training.distill import ApprenticeDistillationTrainer
+
+    assert _params(DistillationTrainer._generate_single_turn) == ["self", "prompt_ids", "images",
+                                                                  "multimodal_fields", "has_tool_images"]
+    assert _params(ApprenticeDistillationTrainer._generate_single_turn) == _params(DistillationTrainer._generate_single_turn)
+    src = inspect.getsource(DistillationTrainer._generate_single_turn)
+    assert "return completion_ids" in src and "self.use_vllm" in src and "self.generation_config" in src
+    assert _calls(DistillationTrainer, "_generate", "_generate_single_turn")
+    init = inspect.getsource(DistillationTrainer.__init__)
+    assert '"max_new_tokens": self.max_completion_length' in init and "self.eos_token_ids = eos_token_ids" in init
+
+
 @pytest.fixture(scope="module")
 def distill_cls():
     from trl.trainer.distillation_trainer import DistillationTrainer
