@@ -242,11 +242,15 @@ def _grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     cut into groups read only their own span, and no group reads the columns not generated yet.
     The masked columns left out had softmax weight exactly 0, so only the summation order changes."""
     span = _DECODE_SPAN.get()
-    if span is None or query.shape[2] != 1:
+    if span is None or query.shape[2] != 1 or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     groups, end = span
+
+    def rows(m: torch.Tensor, a: int, b: int, s: int) -> torch.Tensor:  # a mask may broadcast its batch
+        return (m[a:b] if m.shape[0] > 1 else m)[..., s:end]
+
     outs = [sdpa_attention_forward(module, query[a:b], key[a:b, :, s:end], value[a:b, :, s:end],
-                                   None if attention_mask is None else attention_mask[a:b, ..., s:end], **kwargs)[0]
+                                   None if attention_mask is None else rows(attention_mask, a, b, s), **kwargs)[0]
             for a, b, s in groups]
     return torch.cat(outs), None
 
@@ -550,7 +554,9 @@ class CachedHFPolicy(HFPolicy):
             if worth_reordering(saved, max_new_tokens // 2, B * total) and not bool((by_first == act).all()):
                 reindex(by_first)
                 logits = logits[by_first]
-            groups = self._groups(first, width)
+                groups = plan
+            else:
+                groups = self._groups(first, width)
             for step in range(max_new_tokens):
                 nxt = self._pick(logits, temperature, top_p, gen) if sample else logits.argmax(-1)
                 nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)

@@ -12,7 +12,8 @@ logprobs, as TRL's plain path.
 Why not a library: TRL's alternatives on CPU are its plain path and ``use_transformers_paged``
 (transformers' continuous batching, the slowest candidate of ``bench/generation_engines.py`` here);
 vLLM is used where configured (``use_vllm``), and TRL keeps whatever the engine does not do
-(images, ``top_k`` / ``min_p`` / repetition penalty, DeepSpeed or FSDP-wrapped models).
+(images, DeepSpeed or FSDP-wrapped models, and any generation setting besides greedy or
+temperature + top_p sampling: :func:`engine_can_sample`).
 
 Lifecycle: the engine's cache is dropped when the weights change (a new ``global_step``) and freed,
 with the heap trimmed, after each generation phase (:meth:`EngineSampling._engine_release`), so it
@@ -26,6 +27,20 @@ from typing import Any
 
 from apprentice.modeling import trim_heap
 
+# What the engine implements of a GenerationConfig (greedy, or temperature + top_p sampling, to a token
+# budget, stopping at eos ids); bookkeeping keys besides. Any other setting a user passes through TRL's
+# ``generation_kwargs`` (stop strings, n-gram bans, typical_p, beams, ...) leaves sampling to TRL.
+_ENGINE_KEYS = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                "pad_token_id", "bos_token_id", "eos_token_id", "cache_implementation", "disable_compile",
+                "use_cache", "transformers_version", "_from_model_config"}
+
+
+def engine_can_sample(gc: Any) -> bool:
+    """Whether the engine samples what ``generate`` would with generation config ``gc``."""
+    diff = gc.to_diff_dict()
+    return (set(diff) <= _ENGINE_KEYS and gc.max_new_tokens is not None and not gc.top_k
+            and gc.min_p is None and gc.repetition_penalty in (None, 1.0))
+
 
 class EngineSampling:
     """Mixin for a TRL trainer (before it in the bases): ``_engine_sample`` and its lifecycle."""
@@ -37,13 +52,12 @@ class EngineSampling:
 
     def _engine_serves(self, images: Any, multimodal_fields: Any) -> bool:
         """Whether the engine can stand in for TRL's sampling here (else TRL's own path runs)."""
-        gc = getattr(self, "generation_config", None)
         t: Any = self
+        gc = getattr(t, "generation_config", None)
         return (gc is not None and not getattr(t, "use_vllm", False)
                 and not getattr(t, "use_transformers_continuous_batching", False)
                 and not images and not multimodal_fields
-                and not t.is_deepspeed_enabled and not t.is_fsdp_enabled
-                and not gc.top_k and gc.min_p is None and gc.repetition_penalty in (None, 1.0))
+                and not t.is_deepspeed_enabled and not t.is_fsdp_enabled and engine_can_sample(gc))
 
     def _engine_sample(self, prompt_ids: list[list[int]]) -> list[list[int]]:
         """TRL's plain path's result for ``prompt_ids``: completion ids up to and including the first

@@ -242,3 +242,19 @@ def test_attention_functions_are_looked_up_per_forward_with_a_local_override():
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward
     params = list(inspect.signature(sdpa_attention_forward).parameters)
     assert params[:5] == ["module", "query", "key", "value", "attention_mask"]
+
+
+def test_the_engine_samples_only_generation_configs_it_implements():
+    """TRL's own sampling config (greedy or temperature + top_p, top_k 0) goes to the engine; any other
+    setting a user passes through ``generation_kwargs`` leaves sampling to TRL's ``generate``."""
+    from transformers import GenerationConfig
+
+    from apprentice.training.sampling import engine_can_sample
+
+    trl = dict(max_new_tokens=256, do_sample=True, pad_token_id=2, bos_token_id=1, eos_token_id=[2], temperature=1.0,
+               top_p=0.9, top_k=0, min_p=None, repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
+    assert engine_can_sample(GenerationConfig(**trl))
+    assert engine_can_sample(GenerationConfig(**{**trl, "do_sample": False}))
+    for other in ({"top_k": 50}, {"min_p": 0.1}, {"repetition_penalty": 1.2}, {"no_repeat_ngram_size": 3},
+                  {"stop_strings": ["</tool>"]}, {"typical_p": 0.5}, {"num_beams": 2}, {"max_new_tokens": None}):
+        assert not engine_can_sample(GenerationConfig(**{**trl, **other})), other
