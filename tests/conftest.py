@@ -3,10 +3,17 @@ its settings at import time), so no test talks to the network or leaves telemetr
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="apprentice-prefect-home-"))
+if "PREFECT_HOME" not in os.environ:
+    # A private Prefect home per test session, removed when the session ends (one was left in /tmp
+    # per run before).
+    _prefect_home = tempfile.mkdtemp(prefix="apprentice-prefect-home-")
+    atexit.register(shutil.rmtree, _prefect_home, ignore_errors=True)
+    os.environ["PREFECT_HOME"] = _prefect_home
 os.environ.update(
     DO_NOT_TRACK="true",
     MLFLOW_DISABLE_TELEMETRY="true",

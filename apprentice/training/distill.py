@@ -73,6 +73,14 @@ class ApprenticeDistillationTrainer(EngineSampling, DistillationTrainer):
         self.batch_rows = list(inputs)
         return super()._generate_and_score_completions(inputs)
 
+    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+        """TRL's loss under the run's mixed precision. Why: TRL routes it through
+        ``_forward_redirection``, which calls the student's and the teacher's backbones directly and
+        so skips the autocast accelerate puts on ``model.forward``; with ``bf16`` on, distillation
+        trained in fp32 (TRL's own async distillation trainer adds the same context)."""
+        with self.accelerator.autocast():
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
     def _generate(self, prompts: list[Any]) -> tuple:
         rows = self.batch_rows if len(self.batch_rows) == len(prompts) else [{} for _ in prompts]
         try:

@@ -31,6 +31,25 @@ SFT_LOSS_REL_TOL = 0.02
 LOGPROB_ABS_TOL = 0.05
 
 
+@pytest.fixture
+def training_precision(monkeypatch):
+    """Whether autocast was on in each forward pass that built a graph (a training forward): the
+    trainers' own loss paths call the backbone directly, past the autocast accelerate puts on
+    ``model.forward``, and then a bf16 run silently trained in fp32 (SFT and distillation did)."""
+    from transformers.models.llama import modeling_llama
+
+    seen: list[bool] = []
+    forward = modeling_llama.LlamaModel.forward
+
+    def spy(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            seen.append(torch.is_autocast_enabled("cpu"))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama.LlamaModel, "forward", spy)
+    return seen
+
+
 def _specs():
     from apprentice.envs import FAMILIES
 
@@ -71,7 +90,7 @@ def test_serve_answers_a_tool_call_request(tiny_model_dir, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_one_sft_step(tmp_path, tiny_model_dir, dtype, echo_env):
+def test_one_sft_step(tmp_path, tiny_model_dir, dtype, echo_env, training_precision):
     from apprentice.stages import sft
 
     paths = Paths(tmp_path)
@@ -80,10 +99,11 @@ def test_one_sft_step(tmp_path, tiny_model_dir, dtype, echo_env):
     result = sft.run(cfg, paths)
     assert result["steps"] == 1
     assert (paths.sft_model / "config.json").exists()
+    assert training_precision and set(training_precision) == {dtype == "bf16"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_one_grpo_step(tmp_path, tiny_model_dir, dtype, echo_env):
+def test_one_grpo_step(tmp_path, tiny_model_dir, dtype, echo_env, training_precision):
     from apprentice.stages import rl
 
     paths = Paths(tmp_path)
@@ -94,10 +114,11 @@ def test_one_grpo_step(tmp_path, tiny_model_dir, dtype, echo_env):
                      "probe_samples": 2, "probe_problems": 2})
     result = rl.run(cfg, paths, reward_funcs=[lambda completions, **kw: [float(len(str(c)) % 3) for c in completions]])
     assert result["steps"] == 1
+    assert training_precision and set(training_precision) == {dtype == "bf16"}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_distillation_warm_start_and_one_opd_step(tmp_path, smol_tokenizer_dir, dtype, echo_env):
+def test_distillation_warm_start_and_one_opd_step(tmp_path, smol_tokenizer_dir, dtype, echo_env, training_precision):
     from apprentice.modeling import load_tokenizer, make_tiny_model
     from apprentice.stages import distill
 
@@ -110,6 +131,8 @@ def test_distillation_warm_start_and_one_opd_step(tmp_path, smol_tokenizer_dir, 
     result = distill.run(cfg, paths)
     assert result["steps"] == 1
     assert (paths.student_model / "config.json").exists()
+    assert len(training_precision) >= 2  # the warm start's step and the OPD step
+    assert set(training_precision) == {dtype == "bf16"}
 
 
 def test_bf16_stays_within_tolerance_of_fp32(tiny_model_dir, smol_tokenizer_dir):
