@@ -14,6 +14,10 @@ wall times and the ratio.
 In bf16 the actions are counted, not required equal: batched bf16 rounds differently from batch 1
 (plain batched ``generate`` disagrees with batch-1 ``generate`` as often as the engine does).
 
+Timing is A-B-A: the engine runs before and after the naive loop (each from a cold cache), and the
+ratio is the naive time over the mean of the two engine runs, so a machine that drifts during the
+~6 min naive loop moves both sides alike.
+
 Needs ``models/base`` (``python -m apprentice prepare-base``). Timings on a shared machine vary by
 15-30 %; the ratio is what matters, and both sides run back to back under the same conditions.
 

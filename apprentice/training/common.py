@@ -5,6 +5,11 @@ Why these helpers exist (TRL does the training; these only fill the gaps between
     ``use_cpu=True``, and ``gradient_checkpointing=True`` (its default) only costs time
     (shared/design/TRL-CPU-NOTES.md, pitfalls 4-5). :func:`trl_args` builds any TRL config class
     from our typed params with the right device settings, so the three stages cannot drift apart.
+  * bf16 on CPU is autocast, and accelerate applies it by wrapping ``model.forward`` (the Trainer
+    leaves it to accelerate). A loss that calls the backbone directly (our SFT head on loss
+    positions, TRL's distillation loss through ``_forward_redirection``) skips that wrapper and
+    silently trains in fp32: those two enter ``self.accelerator.autocast()`` themselves
+    (``tests/integration/test_dtypes.py`` asserts every trainer's forward precision).
   * TRL reports metrics to trackers (wandb, MLflow...) but the pipeline wants a plain JSONL file beside
     each stage's outputs (plots, DVC, and ``apprentice.lineage`` read it): :class:`MetricsCallback`.
   * Resume = "find the last ``checkpoint-*`` in the stage's work dir and pass it to ``train``"
