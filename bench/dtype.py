@@ -9,8 +9,10 @@ Prints, in one run (A-B-B-A order, so drift on a shared machine hits both sides 
 3. **SFT**: the stage's trainer for ``--steps`` steps on the default profile's SFT set, in each dtype:
    seconds per step and the loss of every step (same seed, same batches);
 4. its last lines: ``generation bf16/fp32`` and ``sft bf16/fp32`` speed ratios, and whether the results stay
-   within tolerance (SFT loss within 2 % per step; the same greedy actions in >= 75 % of episodes: bf16
-   rounds differently, so a near-tie between two tokens can flip, which the evaluation's CI absorbs).
+   within tolerance (the first SFT step's loss within 2 %: same weights, same batch, only the forward's
+   precision differs; later steps follow bf16-rounded gradients and drift further, ~3.5 % by step 2, so
+   they are printed, not gated; the same greedy actions in >= 75 % of episodes: bf16 rounds
+   differently, so a near-tie between two tokens can flip, which the evaluation's CI absorbs).
 
     python bench/dtype.py                 # models/base (the 135M), 16 episodes, 2 SFT steps per run
     python bench/dtype.py --quick         # the tiny model: a smoke check of both paths
@@ -101,11 +103,16 @@ def main() -> int:
     print(f"\nSFT ({args.steps} steps per run, batch {cfg.sft.batch_size}, {len(records)} records):")
     for d in ("fp32", "bf16"):
         print(f"  {d}: {sft[d]['s_step']:6.2f} s/step  loss {[round(x, 4) for x in sft[d]['loss']]}")
-    rel = max(abs(a - b) / max(abs(a), 1e-9) for a, b in zip(sft["fp32"]["loss"], sft["bf16"]["loss"], strict=True))
+    # step 1 only: until 89251e5 both dtypes' SFT trained in fp32, so every step agreed; in real bf16
+    # the second step starts from weights a bf16 update moved
+    first, last = (abs(sft["fp32"]["loss"][i] - sft["bf16"]["loss"][i]) / max(abs(sft["fp32"]["loss"][i]), 1e-9)
+                   for i in (0, -1))
+    rel = first
+    print(f"  SFT loss apart: step 1 {100 * first:.2f} %, step {len(sft['fp32']['loss'])} {100 * last:.2f} %")
     ok = rel <= SFT_LOSS_REL_TOL and same / n_ep >= SAME_ACTIONS_MIN
     print(f"\ngeneration bf16/fp32 {gen['bf16']['tok_s'] / gen['fp32']['tok_s']:.2f}")
     print(f"sft bf16/fp32 {sft['fp32']['s_step'] / sft['bf16']['s_step']:.2f}")
-    print(f"within tolerance: {ok} (SFT loss max {100 * rel:.2f} % apart, <= {100 * SFT_LOSS_REL_TOL:.0f} %; "
+    print(f"within tolerance: {ok} (SFT step-1 loss {100 * rel:.2f} % apart, <= {100 * SFT_LOSS_REL_TOL:.0f} %; "
           f"same actions {same}/{n_ep}, >= {100 * SAME_ACTIONS_MIN:.0f} %)")
     return 0 if ok else 1
 
