@@ -107,12 +107,11 @@ def main() -> int:
     # the second step starts from weights a bf16 update moved
     first, last = (abs(sft["fp32"]["loss"][i] - sft["bf16"]["loss"][i]) / max(abs(sft["fp32"]["loss"][i]), 1e-9)
                    for i in (0, -1))
-    rel = first
     print(f"  SFT loss apart: step 1 {100 * first:.2f} %, step {len(sft['fp32']['loss'])} {100 * last:.2f} %")
-    ok = rel <= SFT_LOSS_REL_TOL and same / n_ep >= SAME_ACTIONS_MIN
+    ok = first <= SFT_LOSS_REL_TOL and same / n_ep >= SAME_ACTIONS_MIN
     print(f"\ngeneration bf16/fp32 {gen['bf16']['tok_s'] / gen['fp32']['tok_s']:.2f}")
     print(f"sft bf16/fp32 {sft['fp32']['s_step'] / sft['bf16']['s_step']:.2f}")
-    print(f"within tolerance: {ok} (SFT step-1 loss {100 * rel:.2f} % apart, <= {100 * SFT_LOSS_REL_TOL:.0f} %; "
+    print(f"within tolerance: {ok} (SFT step-1 loss {100 * first:.2f} % apart, <= {100 * SFT_LOSS_REL_TOL:.0f} %; "
           f"same actions {same}/{n_ep}, >= {100 * SAME_ACTIONS_MIN:.0f} %)")
     return 0 if ok else 1
 
