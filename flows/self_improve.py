@@ -115,6 +115,10 @@ def resource_table(wd: Path, flow_run: str, total_s: float) -> str:
     out.append("stages' own time per iteration: " + ", ".join(f"iter {k}: {v / 60:.1f} min" for k, v in sorted(per_iter.items())))
     out.append(f"whole flow (with DVC, Prefect, MLflow overhead): {total_s / 60:.1f} min; "
                f"peak RSS of any stage: {max((r['peak_rss_gb'] for r in rows), default=0):.2f} GB")
+    threads = sorted({r["torch_threads"] for r in rows if "torch_threads" in r})
+    if threads:  # a reproduction gets the same outputs at the same dtype *and* thread count (README)
+        out.append(f"torch threads per stage: {', '.join(map(str, threads))} (another machine reproduces these "
+                   "outputs at the same dtype and thread count: set model.threads)")
     return "\n".join(out)
 
 
