@@ -189,6 +189,11 @@ def run_episodes(
     lv = _levels_for(specs, levels)
     pid = policy_id or getattr(policy, "policy_id", None) or type(policy).__name__
     wants_plan = _wants_plan(policy)
+    # a policy may hold fewer conversations at once than asked, asked again every round as they grow:
+    # the KV-cache engine keeps keys/values under a byte budget (CachedHFPolicy.live_rows)
+    live_rows = getattr(policy, "live_rows", None)
+    if not callable(live_rows):
+        live_rows = None
     fmt = getattr(policy, "tool_call_format", None) or DEFAULT_TOOL_CALL_FORMAT
     make_env = env_factory or _default_env
     rng_state = _seed_everything(seed)
@@ -229,7 +234,8 @@ def run_episodes(
             # Refill: at most batch_size episodes play at once, admitted in queue order; one that finishes
             # hands its row to the next waiting one, so a round's batch stays full until the queue
             # drains (all-live lock-step rounds left late rounds with a few long episodes each).
-            live = [e for e in queue if not e.finished][:batch_size]
+            rows = batch_size if live_rows is None else max(1, min(batch_size, int(live_rows(batch_size))))
+            live = [e for e in queue if not e.finished][:rows]
             if not live:
                 break
             # Longest conversations first: similar lengths side by side (less padding per batch).

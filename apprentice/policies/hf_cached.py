@@ -298,8 +298,29 @@ class CachedHFPolicy(HFPolicy):
         self.cache_tokens = cache_tokens if cache_tokens is not None else int(kv_gb * 1e9 * STORE_SHARE) // self.token_bytes
         self.buffer_tokens = int(kv_gb * 1e9 * (1 - STORE_SHARE)) // self.token_bytes  # rows x width of one call
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
+        self._row_tokens = 0.0  # mean tokens a row of the last call stores (live_rows)
         self._kv_dtype: torch.dtype | None = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, flat; grown, never shrunk
+
+    def live_rows(self, batch_size: int) -> int:
+        """How many conversations the rollout loop should play at once when asked for ``batch_size``
+        (:func:`apprentice.rollout.run_episodes` asks every round): as many as the prefix store holds
+        at the size of this engine's last call's rows (prompt + ``max_new_tokens``), at most
+        ``batch_size``.
+
+        Why: the rounds are lock-step, so when the live conversations pass the store's ``cache_tokens``
+        the least recently used entry dropped is always one the next round needs, and every turn
+        re-encodes its whole conversation. ``kv_gb`` is a byte budget, so fp32 meets that first.
+        Measured (fp32, the ``48254d7`` run's SFT-2 on the 160 benchmark problems, ~570 tokens a row,
+        quiet 2-core AMX Xeon; all four give the same 160 transcripts): 64 rows 379.7 s, peak 4.91 GB;
+        this rule (~54 rows) 319.1 s, 4.32 GB; 32 rows 256.8 s, 4.31 GB; 64 rows with twice the budget
+        242.1 s, 7.46 GB (over issue M's 6 GB). In bf16 the store holds twice the tokens: the same
+        run's bf16 evaluations gave the transcripts they gave before this rule, 160 of 160. What 32 rows still
+        gains over the rule: a call wider than the decode buffers runs in parts (:meth:`_split`), and
+        a part's eviction can drop the entries of the parts after it; not fixed."""
+        if not self._row_tokens:
+            return batch_size
+        return max(1, min(batch_size, int(self.cache_tokens // self._row_tokens)))
 
     @classmethod
     def from_policy(cls, policy: HFPolicy, **kwargs: Any) -> CachedHFPolicy:
@@ -437,6 +458,8 @@ class CachedHFPolicy(HFPolicy):
              max_new_tokens: int) -> list[tuple[list[int], int]]:
         """(completion ids, reused prompt tokens) per row: :meth:`_decode` over the parts :meth:`_split` makes."""
         reuse = [min(self._best(r)[1], len(r) - 1) for r in rows]
+        if rows:  # what a row of this workload takes in the store (live_rows)
+            self._row_tokens = sum(len(r) for r in rows) / len(rows) + max_new_tokens
         out: list[tuple[list[int], int]] = []
         for a, b in self._split(reuse, [len(r) - k for r, k in zip(rows, reuse, strict=True)], max_new_tokens):
             out += self._decode(rows[a:b], temperature, top_p, max_new_tokens)  # matches again: a part may free entries

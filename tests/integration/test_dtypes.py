@@ -71,6 +71,16 @@ def test_plain_and_kv_reusing_generation_run_multi_turn_episodes(tiny_model_dir,
         assert len(trajs) == len(specs)
         assert all(t.turns == 3 and t.completion_tokens > 0 for t in trajs)  # every turn generated
     assert cached.stats["reused_tokens"] > 0  # turns 2 and 3 ran on the stored keys/values
+    # a store that holds ~2 conversations: after the first round the rollout gets no more rows than fit
+    small = CachedHFPolicy.from_policy(plain, cache_tokens=800)
+    assert small.live_rows(64) == 64  # nothing measured yet
+    batches: list[int] = []
+    act = small.act
+    small.act = lambda convs, tools, **kw: batches.append(len(convs)) or act(convs, tools, **kw)  # type: ignore[method-assign]
+    trajs = run_episodes(specs, small, max_turns=3, progress=False)
+    assert all(t.turns == 3 for t in trajs) and batches[0] == len(specs)
+    assert 1 <= small.live_rows(64) == 800 // small._row_tokens < len(specs)
+    assert max(batches[1:]) < len(specs) and sum(batches) == 3 * len(specs)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -149,6 +149,18 @@ def test_batch_size_caps_live_episodes_and_a_finished_one_hands_its_place_on():
     assert pol.batches == [2, 2, 2, 2, 2, 1]
 
 
+def test_a_policy_that_holds_fewer_conversations_than_asked_gets_no_more_at_once():
+    class Holding(PlanPolicy):
+        def live_rows(self, batch_size):  # what CachedHFPolicy answers in fp32 (half the rows)
+            self.asked = batch_size
+            return batch_size // 2
+
+    pol = Holding()
+    trajs = run_episodes(_specs([2, 2, 2, 2, 2]), pol, batch_size=4, env_factory=_env, progress=False)
+    assert pol.asked == 4 and all(t.success for t in trajs)
+    assert pol.batches == [2] * 6 + [1] * 3  # exactly the rounds of batch_size=2
+
+
 def test_the_largest_turn_budgets_are_admitted_first_and_results_keep_spec_order():
     # episodes of 2, 2, 2, 5 turns, 2 at a time: admitted in spec order, the long one starts last and
     # plays its last 3 turns alone ([2, 2, 2, 2, 1, 1, 1]); admitted first, it plays beside the others
