@@ -92,7 +92,11 @@ def test_kv_cache_is_bounded_and_sampling_is_seeded(tiny_policy):
 
 
 class _Recording(CachedHFPolicy):
-    """The engine, recording the rows of each decode call and the store after each pre-decode eviction."""
+    """The engine, recording the rows of each decode call and the store after each pre-decode eviction.
+    It offers no ``live_rows``, so the rollout sends every live episode in one call, as a caller of
+    ``act`` or ``complete_ids`` may: what the engine itself does when a call passes its budgets."""
+
+    live_rows = None
 
     def _decode(self, rows, *args):
         self.calls = [*getattr(self, "calls", []), len(rows)]
