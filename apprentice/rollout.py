@@ -162,7 +162,8 @@ def run_episodes(
     ``specs`` may be a problems table (``trajectories.problems_frame``), whose ``level`` column then
     fills ``Trajectory.level``; otherwise pass ``levels`` (one per spec, or problem_id -> level).
     ``max_turns`` > 0 caps every episode's own budget (``env.turn_budget()``). Each round makes
-    one ``policy.act`` call for at most ``batch_size`` live episodes; a finished episode's place goes
+    one ``policy.act`` call for at most ``batch_size`` live episodes (fewer when the policy's optional
+    ``live_rows(batch_size)`` says it holds fewer, asked every round); a finished episode's place goes
     to the next waiting one, largest turn budget first (episode-level continuous batching). ``seed`` seeds torch (sampling).
     ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
     ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn

@@ -151,7 +151,7 @@ def test_batch_size_caps_live_episodes_and_a_finished_one_hands_its_place_on():
 
 def test_a_policy_that_holds_fewer_conversations_than_asked_gets_no_more_at_once():
     class Holding(PlanPolicy):
-        def live_rows(self, batch_size):  # what CachedHFPolicy answers in fp32 (half the rows)
+        def live_rows(self, batch_size):  # as CachedHFPolicy does when its store holds half the live episodes
             self.asked = batch_size
             return batch_size // 2
 
