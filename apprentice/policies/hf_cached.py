@@ -58,7 +58,7 @@ import contextvars
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,6 +273,12 @@ def _grouped_decode() -> Iterator[None]:
 
 KV_GB = 3.2  # keys/values the engine may hold: the prefix store plus one call's decode buffers
 STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (larger calls are split)
+# logits a draft token must lead the runner-up by (_verify), per compute dtype: twice the largest gap measured
+# between a decode step's logits and a prefill's over the same tokens (SmolLM2-135M, 2-core AMX Xeon, 231 greedy
+# tokens: bf16 autocast max 0.78, median 0.25, one argmax flipped; fp32 1e-4); below it a draft decides nothing
+DRAFT_MARGINS = {torch.float32: 0.05, torch.float64: 0.05}
+DRAFT_MARGIN_LOW_PRECISION = 1.5  # bf16 / fp16 autocast
+VERIFY_LOGIT_BYTES = 64e6  # the logits of one slice of rows in _verify (vocabulary x draft columns x rows, fp32)
 TRIM_BYTES = 64e6  # freed keys/values above which a call hands the heap's free pages back (trim_heap)
 
 
@@ -298,8 +304,10 @@ class CachedHFPolicy(HFPolicy):
         self.token_bytes = 2 * layers * self._kv_heads * self._head_dim * itemsize  # keys + values, all layers
         self.cache_tokens = cache_tokens if cache_tokens is not None else int(kv_gb * 1e9 * STORE_SHARE) // self.token_bytes
         self.buffer_tokens = int(kv_gb * 1e9 * (1 - STORE_SHARE)) // self.token_bytes  # rows x width of one call
-        self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
+        self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "drafted_rows": 0, "accepted_rows": 0}
+        self._drafts: dict[bytes, np.ndarray] = {}  # prompt ids -> a likely greedy completion (add_drafts)
         self._row_tokens = 0.0  # mean tokens a row of the last call stores (live_rows)
+        self._pinned: dict[int, _Entry] = {}  # entries a running call's later parts reuse, by id (held: ids stay unique)
         self._kv_dtype: torch.dtype | None = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, flat; grown, never shrunk
 
@@ -322,6 +330,40 @@ class CachedHFPolicy(HFPolicy):
         if not self._row_tokens:
             return batch_size
         return max(1, min(batch_size, int(self.cache_tokens // self._row_tokens)))
+
+    def add_drafts(self, episodes: Iterable[tuple[list[Message], list[dict[str, Any]]]]) -> int:
+        """Remember each assistant turn of finished ``episodes`` (messages, tools) as a draft: when a
+        greedy call meets the same prompt, the turn's tokens run in one prefill and are the completion
+        if the model would have produced them itself (:meth:`_verify`). Returns the drafts added.
+
+        Why: evaluation scores a model trained a few steps from one already scored on the same
+        problems (RL from SFT, the student from the RL teacher), and most of its greedy turns are the
+        ones its parent played. Checking a turn's tokens costs one prefill over them, several times
+        cheaper per token than decoding them one step at a time; a turn that differs costs that
+        prefill in vain and decodes as before. This is speculative decoding (Leviathan et al., 2023)
+        with the parent's transcript as the draft model, accepted only whole (a partial match decodes
+        the turn from its start: simpler, and the partial gain is small when most turns match).
+
+        A draft is the chat template's rendering of the stored assistant message, so a model that
+        wrote a turn in another form than the template's simply does not match."""
+        tok = self.tokenizer
+        added = 0
+        for messages, tools in episodes:
+            for t, m in enumerate(messages):
+                if t == 0 or m.get("role") != "assistant":
+                    continue
+                prompt = self.render(messages[:t], tools)
+                full = tok.apply_chat_template(messages[:t + 1], tools=tools or None, tokenize=False)
+                if not full.startswith(prompt):
+                    continue
+                reply = tok(full[len(prompt):], add_special_tokens=False)["input_ids"]
+                stop = next((k for k, x in enumerate(reply) if x in self.stop_ids), None)
+                if stop is None:
+                    continue
+                key = np.asarray(tok(prompt, add_special_tokens=False)["input_ids"], dtype=np.int64).tobytes()
+                self._drafts[key] = np.asarray(reply[:stop + 1], dtype=np.int64)
+                added += 1
+        return added
 
     @classmethod
     def from_policy(cls, policy: HFPolicy, **kwargs: Any) -> CachedHFPolicy:
@@ -359,12 +401,15 @@ class CachedHFPolicy(HFPolicy):
 
     def _evict(self, reserve: int = 0) -> int:
         """Drop least recently used entries until the store plus ``reserve`` tokens fit ``cache_tokens``;
-        return the tokens dropped."""
+        return the tokens dropped. Entries the running call's later parts reuse (``_pinned``, see
+        :meth:`_run`) stay, even if the store passes its cap until that call ends."""
         total = sum(len(e.ids) for e in self._store) + reserve
         dropped = 0
         for e in sorted(self._store, key=lambda e: e.used):
             if total <= self.cache_tokens:
                 break
+            if id(e) in self._pinned:
+                continue
             self._store.remove(e)
             total -= len(e.ids)
             dropped += len(e.ids)
@@ -457,13 +502,28 @@ class CachedHFPolicy(HFPolicy):
 
     def _run(self, rows: list[np.ndarray], temperature: float, top_p: float,
              max_new_tokens: int) -> list[tuple[list[int], int]]:
-        """(completion ids, reused prompt tokens) per row: :meth:`_decode` over the parts :meth:`_split` makes."""
-        reuse = [min(self._best(r)[1], len(r) - 1) for r in rows]
+        """(completion ids, reused prompt tokens) per row: :meth:`_decode` over the parts :meth:`_split` makes.
+
+        While a part runs, the entries the parts after it will reuse are pinned: each part makes room
+        for what it stores (:meth:`_evict`) and drops the entries its rows extend, and least recently
+        used were exactly the entries of the parts after it, which then re-encoded whole conversations. Measured on fp32 evaluation
+        (160 problems, ~54 rows in two parts): README § Benchmarks."""
+        matches = [self._best(r) for r in rows]
+        reuse = [min(n, len(r) - 1) for r, (_, n) in zip(rows, matches, strict=True)]
         if rows:  # what a row of this workload takes in the store (live_rows)
             self._row_tokens = sum(len(r) for r in rows) / len(rows) + max_new_tokens
+        drafts = [self._drafts.get(r.tobytes()) if temperature == 0 and self._drafts else None for r in rows]
+        drafts = [None if d is None else d[:max_new_tokens] for d in drafts]
+        new = [len(r) - k + (len(d) - 1 if d is not None else 0) for r, k, d in zip(rows, reuse, drafts, strict=True)]
         out: list[tuple[list[int], int]] = []
-        for a, b in self._split(reuse, [len(r) - k for r, k in zip(rows, reuse, strict=True)], max_new_tokens):
-            out += self._decode(rows[a:b], temperature, top_p, max_new_tokens)  # matches again: a part may free entries
+        try:
+            for a, b in self._split(reuse, new, max_new_tokens):
+                self._pinned = {id(e): e for e, _ in matches[b:] if e is not None}  # what the parts after this reuse
+                # matches again: an earlier part may have freed entries
+                out += self._decode(rows[a:b], temperature, top_p, max_new_tokens, drafts[a:b])
+        finally:
+            self._pinned = {}
+        self._evict()
         return out
 
     def _turn(self, row: np.ndarray, gen_ids: list[int], reused: int) -> Turn:
@@ -473,10 +533,13 @@ class CachedHFPolicy(HFPolicy):
         return Turn(message=msg, prompt_tokens=len(row), completion_tokens=len(gen_ids), parse_error=err, raw=text,
                     extra={"finish_reason": "length" if stop_at is None else "stop", "cached_tokens": reused})
 
-    def _decode(self, rows: list[np.ndarray], temperature: float, top_p: float,
-                max_new_tokens: int) -> list[tuple[list[int], int]]:
+    def _decode(self, rows: list[np.ndarray], temperature: float, top_p: float, max_new_tokens: int,
+                drafts: list[np.ndarray | None] | None = None) -> list[tuple[list[int], int]]:
         """One batched call: (completion ids, reused prompt tokens) per row, in the caller's order; every
-        row's keys/values (prompt + completion) go into the store."""
+        row's keys/values (prompt + completion) go into the store. A row with a draft (greedy only, see
+        :meth:`add_drafts`) runs it in the prefill after its prompt; the draft is its completion when
+        every draft token is the model's own confident argmax (:meth:`_verify`), else the row decodes
+        from its prompt as any other, the draft's columns masked out."""
         from transformers import StaticCache
 
         tok = self.tokenizer
@@ -485,13 +548,16 @@ class CachedHFPolicy(HFPolicy):
         matches = [self._best(r) for r in rows]
         # reuse at most len-1 tokens: the last prompt token must run to give the next-token logits
         reuse = [min(n, len(r) - 1) if e is not None else 0 for r, (e, n) in zip(rows, matches, strict=True)]
+        drafts = drafts or [None] * len(rows)
+        extra = [0 if d is None else len(d) - 1 for d in drafts]  # draft tokens run in the prefill
         # rows with the most new tokens first: every prefill sub-batch is then a prefix of the rows, a
         # view of the cache (a gathered copy of a sub-batch's keys/values was 2 GB at 64 rows, bf16)
-        order = sorted(range(len(rows)), key=lambda i: reuse[i] - len(rows[i]))
+        order = sorted(range(len(rows)), key=lambda i: reuse[i] - len(rows[i]) - extra[i])
         rows, matches, reuse = [rows[i] for i in order], [matches[i] for i in order], [reuse[i] for i in order]
+        drafts, extra = [drafts[i] for i in order], [extra[i] for i in order]
         B = len(rows)
         C = max(reuse)
-        S = max(len(r) - c for r, c in zip(rows, reuse, strict=True))
+        S = max(len(r) - c + x for r, c, x in zip(rows, reuse, extra, strict=True))
         total = C + S + max_new_tokens
         layers = len(self.model.model.layers) if hasattr(self.model, "model") else self.model.config.num_hidden_layers
 
@@ -506,7 +572,7 @@ class CachedHFPolicy(HFPolicy):
         mask = torch.zeros(B, total, dtype=torch.long, device=self.device)
         ids = torch.full((B, S), tok.pad_token_id, dtype=torch.long, device=self.device)
         pos = torch.zeros(B, S, dtype=torch.long, device=self.device)
-        for i, (r, c, (e, _)) in enumerate(zip(rows, reuse, matches, strict=True)):
+        for i, (r, c, (e, _), d) in enumerate(zip(rows, reuse, matches, drafts, strict=True)):
             if c:
                 for li in range(layers):
                     k, v = e.kv[li]  # type: ignore[union-attr]
@@ -514,14 +580,14 @@ class CachedHFPolicy(HFPolicy):
                     cache.layers[li].values[i, :, C - c:C] = v[:, :c]
                 mask[i, C - c:C] = 1
                 e.used = time.monotonic()  # type: ignore[union-attr]
-            new = r[c:]
+            new = r[c:] if d is None else np.concatenate([r[c:], d[:-1]])
             ids[i, S - len(new):] = torch.from_numpy(new)
-            pos[i, S - len(new):] = torch.arange(c, len(r))
+            pos[i, S - len(new):] = torch.arange(c, c + len(new))
             mask[i, C + S - len(new):C + S] = 1
         # the rows' new encodings (harvested below) supersede the entries they extend (shared prefixes
         # stay for other episodes): free those now, not after decoding, so that the old and the new
         # copy of every conversation's keys/values never coexist (~1.5 GB at 64 rows x 800 tokens in bf16)
-        superseded = {id(e): e for e, _ in matches if e is not None and not e.shared}
+        superseded = {id(e): e for e, _ in matches if e is not None and not e.shared and id(e) not in self._pinned}
         freed = sum(len(e.ids) for e in superseded.values())
         for e in superseded.values():
             e.kv = []
@@ -534,6 +600,7 @@ class CachedHFPolicy(HFPolicy):
             modeling.trim_heap()
         self.stats["prompt_tokens"] += sum(len(r) for r in rows)
         self.stats["reused_tokens"] += sum(reuse)
+        K = max(extra) + 1 if any(d is not None for d in drafts) else 0  # prefill columns whose logits are checked
 
         sample = temperature > 0
         gen = torch.Generator(device=self.device)
@@ -548,7 +615,7 @@ class CachedHFPolicy(HFPolicy):
         kv_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         cur = C
         # each row's first used column: decode steps read only from there (_grouped_sdpa)
-        first = torch.tensor([C - c if c else C + S - (len(r) - c) for r, c in zip(rows, reuse, strict=True)],
+        first = torch.tensor([C - c if c else C + S - (len(r) - c + x) for r, c, x in zip(rows, reuse, extra, strict=True)],
                              device=self.device)
 
         def harvest(positions: list[int]) -> None:
@@ -567,7 +634,21 @@ class CachedHFPolicy(HFPolicy):
             mask, act, next_pos, done, first = mask[keep_b], act[keep_b], next_pos[keep_b], done[keep_b], first[keep_b]
 
         with modeling.generation(self.dtype, self.device), _grouped_decode():
-            logits = self._prefill(ids, pos, mask, cache, C, [len(r) - c for r, c in zip(rows, reuse, strict=True)])
+            new_counts = [len(r) - c + x for r, c, x in zip(rows, reuse, extra, strict=True)]
+            if K:
+                logits, accepted = self._verify(ids, pos, mask, cache, C, new_counts, drafts, K)
+                for i, (d, ok) in enumerate(zip(drafts, accepted, strict=True)):
+                    if d is None:
+                        continue
+                    self.stats["drafted_rows"] += 1
+                    if ok:  # the draft is the completion: the row is done before the first step
+                        self.stats["accepted_rows"] += 1
+                        out[i, :len(d)] = torch.from_numpy(d)
+                        n_gen[i], done[i] = len(d), True
+                    elif extra[i]:  # decode from the prompt: the draft's keys/values are not its context
+                        mask[i, C + S - extra[i]:C + S] = 0
+            else:
+                logits = self._prefill(ids, pos, mask, cache, C, new_counts)
             cur = C + S
             # rows by first used column, so that groups of them are leading slices; worth one pass over
             # the cache when the groups save more than that over half the steps
@@ -584,7 +665,7 @@ class CachedHFPolicy(HFPolicy):
             for step in range(max_new_tokens):
                 nxt = self._pick(logits, temperature, top_p, gen) if sample else logits.argmax(-1)
                 nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-                out[act, step] = nxt
+                out[act[~done], step] = nxt[~done]  # a finished row's completion stays (an accepted draft)
                 hit = torch.isin(nxt, stop) & ~done
                 for b in hit.nonzero().squeeze(-1).tolist():
                     n_gen[int(act[b])] = step + 1
@@ -660,6 +741,49 @@ class CachedHFPolicy(HFPolicy):
             for layer, (k, v) in zip(cache.layers, full, strict=True):
                 layer.keys, layer.values = k, v
         return logits
+
+    def _verify(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Any, C: int, new: list[int],
+                drafts: list[np.ndarray | None], K: int) -> tuple[torch.Tensor, list[bool]]:
+        """The prefill of a call with drafts: the next-token logits of every row's prompt, and whether
+        each draft is accepted. Columns before the last ``K`` run as :meth:`_prefill` runs them; the
+        last ``K`` (every draft and its row's last prompt token) run for all rows, in slices of rows so
+        that their logits stay under ``VERIFY_LOGIT_BYTES``. A draft is accepted when at each of its
+        tokens the model's argmax is that token by a margin over the runner-up of at least
+        ``DRAFT_MARGINS[dtype]`` logits: a prefill sums in another order than a decode step, and the
+        margin keeps a near-tie, which that order could flip, out of what a draft may decide."""
+        B, S = ids.shape
+        head = [max(0, n - K) for n in new]
+        with _gqa_sdpa():
+            if S > K and any(head):
+                self._prefill_chunks(ids[:, :S - K], pos[:, :S - K], mask, cache, C, head)
+            vocab = self.model.config.vocab_size
+            margin = DRAFT_MARGINS.get(self.dtype, DRAFT_MARGIN_LOW_PRECISION)
+            step = max(1, int(VERIFY_LOGIT_BYTES // (K * vocab * 4)))
+            full = [(layer.keys, layer.values) for layer in cache.layers]
+            first: list[torch.Tensor] = []
+            accepted: list[bool] = []
+            for a in range(0, B, step):
+                b = min(B, a + step)
+                for layer, (k, v) in zip(cache.layers, full, strict=True):
+                    layer.keys, layer.values = k[a:b], v[a:b]  # views: written in place
+                    layer.cumulative_length.fill_(C + S - K)
+                lg = self.model(input_ids=ids[a:b, S - K:], position_ids=pos[a:b, S - K:], attention_mask=mask[a:b],
+                                cache=cache, use_cache=True, logits_to_keep=K).logits.float()
+                for j, d in enumerate(drafts[a:b]):
+                    if d is None:
+                        first.append(lg[j, -1])
+                        accepted.append(False)
+                        continue
+                    window = lg[j, K - len(d):]
+                    top = window.topk(2, dim=-1)
+                    agree = top.indices[:, 0] == torch.from_numpy(d).to(lg.device)
+                    sure = top.values[:, 0] - top.values[:, 1] >= margin
+                    accepted.append(bool((agree & sure).all()))
+                    first.append(window[0])
+            for layer, (k, v) in zip(cache.layers, full, strict=True):
+                layer.keys, layer.values = k, v
+                layer.cumulative_length.fill_(C + S)
+        return torch.stack(first), accepted
 
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:

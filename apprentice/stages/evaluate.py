@@ -10,6 +10,12 @@ not once per iteration. Sampling settings come from ``evaluate``
 
 Resumable like ``rollout``: a complete episode table with the same input fingerprint is reused and
 only the (cheap) metrics are recomputed.
+
+Greedy evaluation of a model drafts from its parent's episodes on the same benchmark (:func:`draft_source`,
+:meth:`apprentice.policies.hf_cached.CachedHFPolicy.add_drafts`): a turn the model would play as its
+parent did costs a prefill instead of a decode. Drafts change what a turn costs, not what it is (a
+draft is accepted only where the model's own argmax is it by a margin), so they are no DVC dependency;
+where a parent's evaluation is missing the model is scored the same, without them.
 """
 
 from __future__ import annotations
@@ -35,6 +41,21 @@ def newest_model(paths: Paths) -> str:
     return "base"
 
 
+def draft_source(cfg: Config, paths: Paths, name: str) -> Path | None:
+    """The episodes of the model ``name`` was trained from, where already scored on the benchmark: RL
+    from SFT, the student from its RL teacher (else SFT), SFT of iteration k > 1 from the previous
+    iteration's candidate (the champion it continues from, under the default loop rule)."""
+    parents = {"rl": [("sft", paths)], "student": [("rl", paths), ("sft", paths)]}
+    prev = paths.previous()
+    if prev is not None:
+        parents["sft"] = [(cfg.promote.candidate, prev)]
+    for parent, where in parents.get(name, []):
+        pq = where.eval_episodes(parent)
+        if pq.exists():
+            return pq
+    return None
+
+
 def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = None,
         progress: bool = True) -> dict[str, Any]:
     problems = read_parquet(paths.eval_problems)
@@ -57,10 +78,18 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     if df is None:
         shards.check_writable(out_dir)  # before any episode runs
         built: list[Any] = []  # local engine: one policy for every shard; ray: each actor builds its own
+        source = draft_source(cfg, paths, name) if ec.temperature == 0 else None
+        drafts = [] if source is None else [(json.loads(m), json.loads(t)) for m, t in
+                                            read_parquet(source)[["messages", "tools"]].itertuples(index=False)]
+        label = "" if source is None else paths.rel(source)
 
         def make_policy() -> Any:
             if not built:
-                built.append(build_policy(pol_cfg, cfg, paths))
+                pol = build_policy(pol_cfg, cfg, paths)
+                if drafts and callable(getattr(pol, "add_drafts", None)):
+                    n = pol.add_drafts(drafts)
+                    print(f"evaluate {name}: {n} draft turns from {label}", flush=True)
+                built.append(pol)
             return built[0]
 
         def chunk(rows: Any, seed: int) -> list[Any]:

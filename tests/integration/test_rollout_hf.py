@@ -98,14 +98,23 @@ class _Recording(CachedHFPolicy):
 
     live_rows = None
 
+    def _run(self, rows, *args):
+        self.call_hits = {id(r): self._best(r)[1] for r in rows}  # what the store held for each row at the call
+        out = super()._run(rows, *args)
+        self.after_call = [*getattr(self, "after_call", []), sum(len(e.ids) for e in self._store)]
+        return out
+
     def _decode(self, rows, *args):
         self.calls = [*getattr(self, "calls", []), len(rows)]
+        self.lost = getattr(self, "lost", 0) + sum(self._best(r)[1] < self.call_hits[id(r)] for r in rows)
         return super()._decode(rows, *args)
 
     def _evict(self, reserve=0):
         dropped = super()._evict(reserve)
         if reserve:
-            self.made_room = [*getattr(self, "made_room", []), (sum(len(e.ids) for e in self._store), reserve)]
+            pinned = sum(len(e.ids) for e in self._store if id(e) in self._pinned)
+            kept = sum(len(e.ids) for e in self._store) - pinned
+            self.made_room = [*getattr(self, "made_room", []), (kept, pinned, reserve)]
         return dropped
 
 
@@ -123,9 +132,12 @@ def test_a_call_over_the_kv_budget_runs_in_parts_with_the_same_actions(chatty_po
     assert max(tight.calls) < len(specs) and len(tight.calls) > 3  # the 8 live episodes ran in parts
     per_layer = tight._buffers[0][0].numel() // (tight._kv_heads * tight._head_dim)
     assert per_layer <= tight.buffer_tokens
-    # room is made before decoding: what stays plus what the call will add fits the cap (or nothing stays)
-    assert all(n + reserve <= tight.cache_tokens or n == 0 for n, reserve in tight.made_room)
-    assert any(n > 0 for n, _ in tight.made_room)
+    # room is made before decoding: what stays plus what the call will add fits the cap (or nothing stays),
+    # except the entries the call's later parts will reuse: pinned until the call ends, then the cap holds
+    assert all(n + reserve <= tight.cache_tokens or n == 0 for n, _, reserve in tight.made_room)
+    assert any(n + pinned > 0 for n, pinned, _ in tight.made_room)
+    assert max(tight.after_call) <= tight.cache_tokens
+    assert tight.lost == 0  # no part's eviction dropped what a later part of its call matched
 
 
 def _project(tmp_path, n=4):
@@ -189,3 +201,76 @@ def test_grouped_decode_attention_takes_the_same_actions_as_one_episode_at_a_tim
     assert [t.messages for t in fast] == [t.messages for t in plain]
     assert any(len(p) > 1 and p[-1][2] > p[0][2] for p in plans)  # some steps ran several groups, later ones starting later
 
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_draft_of_the_models_own_completion_is_accepted_and_a_wrong_one_changes_nothing(chatty_policy, dtype,
+                                                                                          monkeypatch):
+    """Greedy calls with drafts (``_verify``) give the completions the engine gives without them: a
+    draft that is the model's own greedy completion is accepted (no decode step for its row), a
+    draft with one token changed is rejected and its row decodes as if it had none."""
+    import numpy as np
+
+    import apprentice.policies.hf_cached as engine
+
+    monkeypatch.setattr(engine, "DRAFT_MARGINS", {})  # the random model has near-ties; the rule itself: below
+    monkeypatch.setattr(engine, "DRAFT_MARGIN_LOW_PRECISION", 0.0)
+    pol = CachedHFPolicy.from_policy(chatty_policy, dtype=dtype)
+    tok = pol.tokenizer
+    prompts = [tok(pol.render([{"role": "user", "content": f"Question {i}: where is the key?"}], []),
+                   add_special_tokens=False)["input_ids"] for i in range(6)]
+    ref = CachedHFPolicy.from_policy(chatty_policy, dtype=dtype).complete_ids(prompts)
+    for p, out in zip(prompts, ref, strict=True):
+        draft = np.asarray(out, dtype=np.int64)
+        if p is prompts[-1]:  # one wrong token in the middle of the last draft
+            draft[len(draft) // 2] = (draft[len(draft) // 2] + 1) % pol.model.config.vocab_size
+        pol._drafts[np.asarray(p, dtype=np.int64).tobytes()] = draft
+    got = pol.complete_ids(prompts)
+    assert got == ref
+    assert pol.stats["drafted_rows"] == 6 and 3 <= pol.stats["accepted_rows"] <= 5
+    # the store holds every row's prompt + completion, drafted or not: a next turn reuses them
+    again = CachedHFPolicy.complete_ids(pol, [p + out + [5] for p, out in zip(prompts, ref, strict=True)])
+    assert len(again) == 6 and pol.stats["reused_tokens"] > 0.9 * sum(len(p) for p in prompts)
+
+
+def test_a_draft_is_accepted_only_where_the_model_is_sure_of_every_token(chatty_policy, monkeypatch):
+    """``DRAFT_MARGINS``: a prefill sums in another order than a decode step, so a draft decides only
+    tokens whose argmax leads by the margin; with an impossible margin no draft is accepted and the
+    completions are still the engine's own."""
+    import numpy as np
+
+    import apprentice.policies.hf_cached as engine
+
+    monkeypatch.setattr(engine, "DRAFT_MARGINS", {})
+    monkeypatch.setattr(engine, "DRAFT_MARGIN_LOW_PRECISION", 1e9)
+    pol = CachedHFPolicy.from_policy(chatty_policy)
+    prompts = [pol.tokenizer(pol.render([{"role": "user", "content": f"Go {i}"}], []),
+                             add_special_tokens=False)["input_ids"] for i in range(3)]
+    ref = CachedHFPolicy.from_policy(chatty_policy).complete_ids(prompts)
+    for p, out in zip(prompts, ref, strict=True):
+        pol._drafts[np.asarray(p, dtype=np.int64).tobytes()] = np.asarray(out, dtype=np.int64)
+    assert pol.complete_ids(prompts) == ref
+    assert pol.stats["drafted_rows"] == 3 and pol.stats["accepted_rows"] == 0
+
+
+def test_drafts_come_from_finished_episodes_through_the_chat_template(chatty_policy):
+    """``add_drafts`` keys each assistant turn by the prompt the rollout renders before it, and the
+    draft is that turn as the template writes it, up to and including the end-of-turn token."""
+    from apprentice.policies.oracle import OraclePolicy
+
+    specs = _specs()
+    episodes = run_episodes(specs, OraclePolicy(), max_turns=3, progress=False)
+    pol = CachedHFPolicy.from_policy(chatty_policy)
+    added = pol.add_drafts([(t.messages, t.tools) for t in episodes])
+    assert added == sum(m["role"] == "assistant" for t in episodes for m in t.messages)
+    t = episodes[0]
+    prompt = pol.tokenizer(pol.render(t.messages[:2], t.tools), add_special_tokens=False)["input_ids"]
+    import numpy as np
+
+    draft = pol._drafts[np.asarray(prompt, dtype=np.int64).tobytes()]
+    assert draft[-1] in pol.stop_ids and not set(draft[:-1].tolist()) & set(pol.stop_ids)
+    text = pol.tokenizer.decode(draft[:-1].tolist(), skip_special_tokens=True)
+    from apprentice.policies.toolcalls import parse_assistant
+
+    msg, err = parse_assistant(text)
+    assert err is None and msg["tool_calls"] == t.messages[2]["tool_calls"]
