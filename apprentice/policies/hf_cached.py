@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import math
 import os
 import time
@@ -82,6 +83,10 @@ class _Entry:
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (kv_heads, len, head_dim)
     used: float = 0.0
     shared: bool = False  # a common prefix of several conversations: never "superseded"
+
+
+def _conversation_key(conversation: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    return json.dumps([conversation, tools or []], sort_keys=True, default=str)
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -273,12 +278,16 @@ def _grouped_decode() -> Iterator[None]:
 
 KV_GB = 3.2  # keys/values the engine may hold: the prefix store plus one call's decode buffers
 STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (larger calls are split)
-# logits a draft token must lead the runner-up by (_verify), per compute dtype: twice the largest gap measured
-# between a decode step's logits and a prefill's over the same tokens (SmolLM2-135M, 2-core AMX Xeon, 231 greedy
-# tokens: bf16 autocast max 0.78, median 0.25, one argmax flipped; fp32 1e-4); below it a draft decides nothing
+# logits a draft token must lead the runner-up by (_verify), per compute dtype. Measured between a decode step's
+# logits and a prefill's over the same tokens (SmolLM2-135M, 2-core AMX Xeon, 231 greedy tokens), the largest gap
+# over the vocabulary was 1e-4 in fp32 and, in bf16 autocast, median 0.25 and max 0.78 (one argmax flipped). fp32:
+# 500x the gap, so a draft decides exactly what decoding would. bf16: 0.5, not 1.5 (twice the max), because bf16
+# transcripts already move with batch composition and thread count (README § Orchestration): RL-1 on 64 benchmark
+# problems kept 62 / 64 transcripts at 1.5 and 60 / 64 at 0.5, with 60 % and 84 % of drafts accepted (-14 % and
+# -31 % of the time); in fp32 64 / 64 at 90 % accepted (-31 %).
 DRAFT_MARGINS = {torch.float32: 0.05, torch.float64: 0.05}
-DRAFT_MARGIN_LOW_PRECISION = 1.5  # bf16 / fp16 autocast
-VERIFY_LOGIT_BYTES = 64e6  # the logits of one slice of rows in _verify (vocabulary x draft columns x rows, fp32)
+DRAFT_MARGIN_LOW_PRECISION = 0.5  # bf16 / fp16 autocast
+VERIFY_LOGIT_BYTES = 64e6  # the logits of one slice of rows in _verify (vocabulary x positions, fp32)
 TRIM_BYTES = 64e6  # freed keys/values above which a call hands the heap's free pages back (trim_heap)
 
 
@@ -305,7 +314,7 @@ class CachedHFPolicy(HFPolicy):
         self.cache_tokens = cache_tokens if cache_tokens is not None else int(kv_gb * 1e9 * STORE_SHARE) // self.token_bytes
         self.buffer_tokens = int(kv_gb * 1e9 * (1 - STORE_SHARE)) // self.token_bytes  # rows x width of one call
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "drafted_rows": 0, "accepted_rows": 0}
-        self._drafts: dict[bytes, np.ndarray] = {}  # prompt ids -> a likely greedy completion (add_drafts)
+        self._drafts: dict[str, Message] = {}  # conversation (canonical JSON) -> its likely next turn (add_drafts)
         self._row_tokens = 0.0  # mean tokens a row of the last call stores (live_rows)
         self._pinned: dict[int, _Entry] = {}  # entries a running call's later parts reuse, by id (held: ids stay unique)
         self._kv_dtype: torch.dtype | None = None
@@ -344,26 +353,31 @@ class CachedHFPolicy(HFPolicy):
         with the parent's transcript as the draft model, accepted only whole (a partial match decodes
         the turn from its start: simpler, and the partial gain is small when most turns match).
 
-        A draft is the chat template's rendering of the stored assistant message, so a model that
-        wrote a turn in another form than the template's simply does not match."""
-        tok = self.tokenizer
+        Conversations are matched by content (JSON with sorted keys: stored episodes come back from
+        Parquet with their keys sorted, and a template renders tool schemas in key order). A draft is
+        the chat template's rendering of the stored assistant message (:meth:`_draft_ids`), so a
+        model that wrote a turn in another form than the template's simply does not match."""
         added = 0
         for messages, tools in episodes:
             for t, m in enumerate(messages):
-                if t == 0 or m.get("role") != "assistant":
-                    continue
-                prompt = self.render(messages[:t], tools)
-                full = tok.apply_chat_template(messages[:t + 1], tools=tools or None, tokenize=False)
-                if not full.startswith(prompt):
-                    continue
-                reply = tok(full[len(prompt):], add_special_tokens=False)["input_ids"]
-                stop = next((k for k, x in enumerate(reply) if x in self.stop_ids), None)
-                if stop is None:
-                    continue
-                key = np.asarray(tok(prompt, add_special_tokens=False)["input_ids"], dtype=np.int64).tobytes()
-                self._drafts[key] = np.asarray(reply[:stop + 1], dtype=np.int64)
-                added += 1
+                if t and m.get("role") == "assistant":
+                    self._drafts[_conversation_key(messages[:t], tools)] = m
+                    added += 1
         return added
+
+    def _draft_ids(self, conversation: list[Message], tools: list[dict[str, Any]], prompt: str,
+                   max_new_tokens: int) -> np.ndarray | None:
+        """The draft for ``conversation``'s next turn as token ids (up to and including the end-of-turn
+        token, at most ``max_new_tokens``), or None: the stored turn rendered after ``prompt``."""
+        msg = self._drafts.get(_conversation_key(conversation, tools))
+        if msg is None:
+            return None
+        full = self.tokenizer.apply_chat_template([*conversation, msg], tools=tools or None, tokenize=False)
+        if not full.startswith(prompt):
+            return None
+        reply = self.tokenizer(full[len(prompt):], add_special_tokens=False)["input_ids"]
+        stop = next((k for k, x in enumerate(reply) if x in self.stop_ids), None)
+        return None if stop is None else np.asarray(reply[:stop + 1][:max_new_tokens], dtype=np.int64)
 
     @classmethod
     def from_policy(cls, policy: HFPolicy, **kwargs: Any) -> CachedHFPolicy:
@@ -480,10 +494,13 @@ class CachedHFPolicy(HFPolicy):
     def _generate(self, convs: list[list[Message]], tools: list[list[dict[str, Any]]],
                   temperature: float, top_p: float, max_new_tokens: int) -> list[Turn]:
         tok = self.tokenizer
-        rows = [np.asarray(tok(self.render(c, t), add_special_tokens=False)["input_ids"], dtype=np.int64)
-                for c, t in zip(convs, tools, strict=True)]
-        return [self._turn(r, ids, reused)
-                for r, (ids, reused) in zip(rows, self._run(rows, temperature, top_p, max_new_tokens), strict=True)]
+        prompts = [self.render(c, t) for c, t in zip(convs, tools, strict=True)]
+        rows = [np.asarray(tok(p, add_special_tokens=False)["input_ids"], dtype=np.int64) for p in prompts]
+        drafts = None
+        if temperature == 0 and self._drafts:
+            drafts = [self._draft_ids(c, t, p, max_new_tokens) for c, t, p in zip(convs, tools, prompts, strict=True)]
+        return [self._turn(r, ids, reused) for r, (ids, reused)
+                in zip(rows, self._run(rows, temperature, top_p, max_new_tokens, drafts), strict=True)]
 
     def complete_ids(self, prompts: list[list[int]], *, temperature: float | None = None, top_p: float | None = None,
                      max_new_tokens: int | None = None) -> list[list[int]]:
@@ -500,8 +517,8 @@ class CachedHFPolicy(HFPolicy):
             out += [ids for ids, _ in self._run(rows[s:s + self.batch_size], temperature, top_p, max_new_tokens)]
         return out
 
-    def _run(self, rows: list[np.ndarray], temperature: float, top_p: float,
-             max_new_tokens: int) -> list[tuple[list[int], int]]:
+    def _run(self, rows: list[np.ndarray], temperature: float, top_p: float, max_new_tokens: int,
+             drafts: list[np.ndarray | None] | None = None) -> list[tuple[list[int], int]]:
         """(completion ids, reused prompt tokens) per row: :meth:`_decode` over the parts :meth:`_split` makes.
 
         While a part runs, the entries the parts after it will reuse are pinned: each part makes room
@@ -512,8 +529,7 @@ class CachedHFPolicy(HFPolicy):
         reuse = [min(n, len(r) - 1) for r, (_, n) in zip(rows, matches, strict=True)]
         if rows:  # what a row of this workload takes in the store (live_rows)
             self._row_tokens = sum(len(r) for r in rows) / len(rows) + max_new_tokens
-        drafts = [self._drafts.get(r.tobytes()) if temperature == 0 and self._drafts else None for r in rows]
-        drafts = [None if d is None else d[:max_new_tokens] for d in drafts]
+        drafts = drafts if drafts is not None and temperature == 0 else [None] * len(rows)
         new = [len(r) - k + (len(d) - 1 if d is not None else 0) for r, k, d in zip(rows, reuse, drafts, strict=True)]
         out: list[tuple[list[int], int]] = []
         try:
@@ -746,43 +762,51 @@ class CachedHFPolicy(HFPolicy):
                 drafts: list[np.ndarray | None], K: int) -> tuple[torch.Tensor, list[bool]]:
         """The prefill of a call with drafts: the next-token logits of every row's prompt, and whether
         each draft is accepted. Columns before the last ``K`` run as :meth:`_prefill` runs them; the
-        last ``K`` (every draft and its row's last prompt token) run for all rows, in slices of rows so
-        that their logits stay under ``VERIFY_LOGIT_BYTES``. A draft is accepted when at each of its
+        last ``K`` (every draft and its row's last prompt token) run for all rows, through the
+        decoder only; the LM head then runs only where a logit is read, in slices of rows whose
+        logits stay under ``VERIFY_LOGIT_BYTES``. A draft is accepted when at each of its
         tokens the model's argmax is that token by a margin over the runner-up of at least
         ``DRAFT_MARGINS[dtype]`` logits: a prefill sums in another order than a decode step, and the
         margin keeps a near-tie, which that order could flip, out of what a draft may decide."""
         B, S = ids.shape
-        head = [max(0, n - K) for n in new]
+        before = [max(0, n - K) for n in new]  # each row's new tokens left of the last K columns
         with _gqa_sdpa():
-            if S > K and any(head):
-                self._prefill_chunks(ids[:, :S - K], pos[:, :S - K], mask, cache, C, head)
-            vocab = self.model.config.vocab_size
-            margin = DRAFT_MARGINS.get(self.dtype, DRAFT_MARGIN_LOW_PRECISION)
-            step = max(1, int(VERIFY_LOGIT_BYTES // (K * vocab * 4)))
-            full = [(layer.keys, layer.values) for layer in cache.layers]
-            first: list[torch.Tensor] = []
-            accepted: list[bool] = []
-            for a in range(0, B, step):
-                b = min(B, a + step)
-                for layer, (k, v) in zip(cache.layers, full, strict=True):
-                    layer.keys, layer.values = k[a:b], v[a:b]  # views: written in place
-                    layer.cumulative_length.fill_(C + S - K)
-                lg = self.model(input_ids=ids[a:b, S - K:], position_ids=pos[a:b, S - K:], attention_mask=mask[a:b],
-                                cache=cache, use_cache=True, logits_to_keep=K).logits.float()
-                for j, d in enumerate(drafts[a:b]):
-                    if d is None:
-                        first.append(lg[j, -1])
-                        accepted.append(False)
-                        continue
-                    window = lg[j, K - len(d):]
-                    top = window.topk(2, dim=-1)
-                    agree = top.indices[:, 0] == torch.from_numpy(d).to(lg.device)
-                    sure = top.values[:, 0] - top.values[:, 1] >= margin
-                    accepted.append(bool((agree & sure).all()))
-                    first.append(window[0])
-            for layer, (k, v) in zip(cache.layers, full, strict=True):
-                layer.keys, layer.values = k, v
+            if S > K and any(before):
+                self._prefill_chunks(ids[:, :S - K], pos[:, :S - K], mask, cache, C, before)
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(C + S - K)
+            hidden = self.model.get_decoder()(input_ids=ids[:, S - K:], position_ids=pos[:, S - K:], attention_mask=mask,
+                                              cache=cache, use_cache=True).last_hidden_state
+            for layer in cache.layers:
                 layer.cumulative_length.fill_(C + S)
+        # the LM head only where a logit is read: a draft's positions, else the prompt's last
+        spans = [(K - (1 if d is None else len(d)), K) for d in drafts]
+        head, cap = self.model.get_output_embeddings(), getattr(self.model.config, "final_logit_softcapping", None)
+        margin = DRAFT_MARGINS.get(self.dtype, DRAFT_MARGIN_LOW_PRECISION)
+        budget = max(K, int(VERIFY_LOGIT_BYTES // (self.model.config.vocab_size * 4)))  # positions a slice of rows
+        first: list[torch.Tensor] = []
+        accepted: list[bool] = []
+        i = 0
+        while i < B:
+            j, n = i, 0
+            while j < B and (j == i or n + spans[j][1] - spans[j][0] <= budget):
+                n += spans[j][1] - spans[j][0]
+                j += 1
+            logits = head(torch.cat([hidden[r, a:b] for r, (a, b) in zip(range(i, j), spans[i:j], strict=True)])).float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            at = 0
+            for d, (a, b) in zip(drafts[i:j], spans[i:j], strict=True):
+                window, at = logits[at:at + b - a], at + b - a
+                first.append(window[0])
+                if d is None:
+                    accepted.append(False)
+                    continue
+                top = window.topk(2, dim=-1)
+                agree = top.indices[:, 0] == torch.from_numpy(d).to(window.device)
+                sure = top.values[:, 0] - top.values[:, 1] >= margin
+                accepted.append(bool((agree & sure).all()))
+            i = j
         return torch.stack(first), accepted
 
     @staticmethod

@@ -203,6 +203,17 @@ def test_grouped_decode_attention_takes_the_same_actions_as_one_episode_at_a_tim
 
 
 
+def _own_completions(policy, n):
+    """``n`` prompts as token ids, and the engine's greedy completion of each (no drafts)."""
+    import numpy as np
+
+    tok = policy.tokenizer
+    rows = [np.asarray(tok(policy.render([{"role": "user", "content": f"Question {i}: where is the key?"}], []),
+                           add_special_tokens=False)["input_ids"], dtype=np.int64) for i in range(n)]
+    fresh = CachedHFPolicy.from_policy(policy, dtype=policy.dtype)
+    return rows, [ids for ids, _ in fresh._run(rows, 0.0, 1.0, fresh.max_new_tokens)]
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_a_draft_of_the_models_own_completion_is_accepted_and_a_wrong_one_changes_nothing(chatty_policy, dtype,
                                                                                           monkeypatch):
@@ -216,21 +227,16 @@ def test_a_draft_of_the_models_own_completion_is_accepted_and_a_wrong_one_change
     monkeypatch.setattr(engine, "DRAFT_MARGINS", {})  # the random model has near-ties; the rule itself: below
     monkeypatch.setattr(engine, "DRAFT_MARGIN_LOW_PRECISION", 0.0)
     pol = CachedHFPolicy.from_policy(chatty_policy, dtype=dtype)
-    tok = pol.tokenizer
-    prompts = [tok(pol.render([{"role": "user", "content": f"Question {i}: where is the key?"}], []),
-                   add_special_tokens=False)["input_ids"] for i in range(6)]
-    ref = CachedHFPolicy.from_policy(chatty_policy, dtype=dtype).complete_ids(prompts)
-    for p, out in zip(prompts, ref, strict=True):
-        draft = np.asarray(out, dtype=np.int64)
-        if p is prompts[-1]:  # one wrong token in the middle of the last draft
-            draft[len(draft) // 2] = (draft[len(draft) // 2] + 1) % pol.model.config.vocab_size
-        pol._drafts[np.asarray(p, dtype=np.int64).tobytes()] = draft
-    got = pol.complete_ids(prompts)
+    rows, ref = _own_completions(pol, 6)
+    drafts = [np.asarray(out, dtype=np.int64) for out in ref]
+    drafts[-1][len(drafts[-1]) // 2] += 1  # one wrong token in the middle of the last draft
+    drafts[2] = None  # and a row without one
+    got = [ids for ids, _ in pol._run(rows, 0.0, 1.0, pol.max_new_tokens, drafts)]
     assert got == ref
-    assert pol.stats["drafted_rows"] == 6 and 3 <= pol.stats["accepted_rows"] <= 5
+    assert pol.stats["drafted_rows"] == 5 and 3 <= pol.stats["accepted_rows"] <= 4
     # the store holds every row's prompt + completion, drafted or not: a next turn reuses them
-    again = CachedHFPolicy.complete_ids(pol, [p + out + [5] for p, out in zip(prompts, ref, strict=True)])
-    assert len(again) == 6 and pol.stats["reused_tokens"] > 0.9 * sum(len(p) for p in prompts)
+    pol.complete_ids([r.tolist() + out + [5] for r, out in zip(rows, ref, strict=True)])
+    assert pol.stats["reused_tokens"] > 0.9 * sum(len(r) + len(out) for r, out in zip(rows, ref, strict=True))
 
 
 def test_a_draft_is_accepted_only_where_the_model_is_sure_of_every_token(chatty_policy, monkeypatch):
@@ -244,33 +250,44 @@ def test_a_draft_is_accepted_only_where_the_model_is_sure_of_every_token(chatty_
     monkeypatch.setattr(engine, "DRAFT_MARGINS", {})
     monkeypatch.setattr(engine, "DRAFT_MARGIN_LOW_PRECISION", 1e9)
     pol = CachedHFPolicy.from_policy(chatty_policy)
-    prompts = [pol.tokenizer(pol.render([{"role": "user", "content": f"Go {i}"}], []),
-                             add_special_tokens=False)["input_ids"] for i in range(3)]
-    ref = CachedHFPolicy.from_policy(chatty_policy).complete_ids(prompts)
-    for p, out in zip(prompts, ref, strict=True):
-        pol._drafts[np.asarray(p, dtype=np.int64).tobytes()] = np.asarray(out, dtype=np.int64)
-    assert pol.complete_ids(prompts) == ref
+    rows, ref = _own_completions(pol, 3)
+    got = [ids for ids, _ in pol._run(rows, 0.0, 1.0, pol.max_new_tokens, [np.asarray(o) for o in ref])]
+    assert got == ref
     assert pol.stats["drafted_rows"] == 3 and pol.stats["accepted_rows"] == 0
 
 
-def test_drafts_come_from_finished_episodes_through_the_chat_template(chatty_policy):
-    """``add_drafts`` keys each assistant turn by the prompt the rollout renders before it, and the
-    draft is that turn as the template writes it, up to and including the end-of-turn token."""
-    from apprentice.policies.oracle import OraclePolicy
-
+def test_episodes_read_back_from_parquet_draft_every_turn_of_a_replay(chatty_policy, tmp_path):
+    """``add_drafts`` with stored episodes: replaying them, every turn of every episode finds its draft,
+    though Parquet sorted the episodes' JSON keys (matching is by content, not key order), and the
+    episodes come out as they were played."""
     specs = _specs()
-    episodes = run_episodes(specs, OraclePolicy(), max_turns=3, progress=False)
+    first = run_episodes(specs, CachedHFPolicy.from_policy(chatty_policy), max_turns=3, progress=False)
+    write_parquet(pd.DataFrame([t.to_row() for t in first]), tmp_path / "parent.parquet")
+    stored = read_parquet(tmp_path / "parent.parquet")
     pol = CachedHFPolicy.from_policy(chatty_policy)
-    added = pol.add_drafts([(t.messages, t.tools) for t in episodes])
-    assert added == sum(m["role"] == "assistant" for t in episodes for m in t.messages)
-    t = episodes[0]
-    prompt = pol.tokenizer(pol.render(t.messages[:2], t.tools), add_special_tokens=False)["input_ids"]
-    import numpy as np
+    added = pol.add_drafts((json.loads(m), json.loads(t)) for m, t in stored[["messages", "tools"]].itertuples(index=False))
+    assert added == sum(t.turns for t in first) == 3 * len(specs)
+    again = run_episodes(specs, pol, max_turns=3, progress=False)
+    assert [t.messages for t in again] == [t.messages for t in first]
+    assert pol.stats["drafted_rows"] == added
 
-    draft = pol._drafts[np.asarray(prompt, dtype=np.int64).tobytes()]
-    assert draft[-1] in pol.stop_ids and not set(draft[:-1].tolist()) & set(pol.stop_ids)
-    text = pol.tokenizer.decode(draft[:-1].tolist(), skip_special_tokens=True)
+
+def test_a_draft_is_the_stored_turn_as_the_chat_template_writes_it(chatty_policy, tmp_path):
+    """The draft of a stored tool call (the oracle's, read back from Parquet) is the template's rendering
+    of it up to the end-of-turn token: decoded and parsed, the same tool call."""
+    from apprentice.policies.oracle import OraclePolicy
     from apprentice.policies.toolcalls import parse_assistant
 
-    msg, err = parse_assistant(text)
-    assert err is None and msg["tool_calls"] == t.messages[2]["tool_calls"]
+    episodes = run_episodes(_specs(), OraclePolicy(), max_turns=3, progress=False)
+    write_parquet(pd.DataFrame([t.to_row() for t in episodes]), tmp_path / "oracle.parquet")
+    stored = read_parquet(tmp_path / "oracle.parquet")
+    pol = CachedHFPolicy.from_policy(chatty_policy)
+    pol.add_drafts((json.loads(m), json.loads(t)) for m, t in stored[["messages", "tools"]].itertuples(index=False))
+    for t in episodes:  # the live objects: key order as the environment wrote it
+        conv = t.messages[:2]
+        draft = pol._draft_ids(conv, t.tools, pol.render(conv, t.tools), max_new_tokens=96)
+        assert draft is not None and draft[-1] in pol.stop_ids and not set(draft[:-1].tolist()) & set(pol.stop_ids)
+        msg, err = parse_assistant(pol.tokenizer.decode(draft[:-1].tolist(), skip_special_tokens=True))
+        assert err is None and msg["tool_calls"] == t.messages[2]["tool_calls"]
+    # max_new_tokens cuts a draft as it would cut the turn
+    assert len(pol._draft_ids(conv, t.tools, pol.render(conv, t.tools), max_new_tokens=3)) == 3
