@@ -277,6 +277,11 @@ class EvaluateConfig(Section):
                             "benchmark is one shard).")
     error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
                                 "(recorded as failed with their error) before the stage fails.")
+    drafts: Literal["auto", True, False] = Field(
+        "auto", description="Greedy evaluation drafts each turn from the parent model's episodes (RL from SFT, the "
+        "student from RL, SFT from the previous candidate), verified in one prefill: auto = where that is exact "
+        "(fp32 compute), true = in bf16 too (faster; a few episodes may round otherwise, and the parent's "
+        "evaluation is no DVC dependency), false = never. README § Benchmarks.")
 
     @model_validator(mode="after")
     def _pass_k_fits_samples(self) -> EvaluateConfig:

@@ -365,6 +365,13 @@ class CachedHFPolicy(HFPolicy):
                     added += 1
         return added
 
+    @property
+    def drafts_exact(self) -> bool:
+        """Whether an accepted draft is exactly what decoding would give: in fp32, where a prefill's logits
+        and a decode step's differ by ~1e-4 (``DRAFT_MARGINS``); in bf16 the two round differently and
+        the calls that verify drafts group rows differently, so a few episodes may come out otherwise."""
+        return self.dtype in DRAFT_MARGINS
+
     def _draft_ids(self, conversation: list[Message], tools: list[dict[str, Any]], prompt: str,
                    max_new_tokens: int) -> np.ndarray | None:
         """The draft for ``conversation``'s next turn as token ids (up to and including the end-of-turn

@@ -15,7 +15,9 @@ Greedy evaluation of a model drafts from its parent's episodes on the same bench
 :meth:`apprentice.policies.hf_cached.CachedHFPolicy.add_drafts`): a turn the model would play as its
 parent did costs a prefill instead of a decode. Drafts change what a turn costs, not what it is (a
 draft is accepted only where the model's own argmax is it by a margin), so they are no DVC dependency;
-where a parent's evaluation is missing the model is scored the same, without them.
+where a parent's evaluation is missing the model is scored the same, without them. That holds where
+the engine computes in fp32 (``evaluate.drafts: auto``); bf16 rounds a prefill and a decode step
+differently, so there drafts run only when asked for (``true``).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     if df is None:
         shards.check_writable(out_dir)  # before any episode runs
         built: list[Any] = []  # local engine: one policy for every shard; ray: each actor builds its own
-        source = draft_source(cfg, paths, name) if ec.temperature == 0 else None
+        source = draft_source(cfg, paths, name) if ec.temperature == 0 and ec.drafts is not False else None
         drafts = [] if source is None else [(json.loads(m), json.loads(t)) for m, t in
                                             read_parquet(source)[["messages", "tools"]].itertuples(index=False)]
         label = "" if source is None else paths.rel(source)
@@ -86,7 +88,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         def make_policy() -> Any:
             if not built:
                 pol = build_policy(pol_cfg, cfg, paths)
-                if drafts and callable(getattr(pol, "add_drafts", None)):
+                if drafts and callable(getattr(pol, "add_drafts", None)) and (ec.drafts is True or pol.drafts_exact):
                     n = pol.add_drafts(drafts)
                     print(f"evaluate {name}: {n} draft turns from {label}", flush=True)
                 built.append(pol)
