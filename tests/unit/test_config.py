@@ -66,3 +66,10 @@ def test_micro_batches_must_divide_the_step():
     with pytest.raises(ConfigError, match=r"rl.micro_batch_size \(5\) must divide"):
         load_config(ROOT / "params.yaml", overrides=["rl.micro_batch_size=5"])
     assert load_config(ROOT / "params.yaml", overrides=["distill.micro_batch_size=16"]).distill.micro_batch_size == 16
+
+
+def test_evaluate_drafts_takes_auto_true_or_false():
+    for text, value in (("auto", "auto"), ("true", True), ("false", False)):
+        assert load_config(ROOT / "params.yaml", overrides=[f"evaluate.drafts={text}"]).evaluate.drafts == value
+    with pytest.raises(ConfigError, match=r"'evaluate.drafts'.*--set evaluate.drafts="):
+        load_config(ROOT / "params.yaml", overrides=["evaluate.drafts=sometimes"])
