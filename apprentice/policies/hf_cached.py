@@ -288,7 +288,7 @@ def _grouped_decode() -> Iterator[None]:
 
 KV_GB = 3.2  # keys/values the engine may hold: the prefix store plus one call's decode buffers
 STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (larger calls are split)
-# logits a draft token must lead the runner-up by (_verify), per compute dtype. Measured between a decode step's
+# logits a draft token must lead the runner-up by (_verify), per compute dtype. Measured (bench/draft_margin.py) between a decode step's
 # logits and a prefill's over the same tokens (SmolLM2-135M, 2-core AMX Xeon, 231 greedy tokens), the largest gap
 # over the vocabulary was 1e-4 in fp32 and, in bf16 autocast, median 0.25 and max 0.78 (one argmax flipped). fp32:
 # 500x the gap, so a draft decides exactly what decoding would. bf16: 0.5, not 1.5 (twice the max), because bf16
