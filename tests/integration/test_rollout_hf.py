@@ -183,6 +183,33 @@ def test_evaluate_stage_with_a_model_path_writes_episodes_and_metrics(tmp_path, 
     assert oracle["success_rate"] == 1.0 and (paths.eval_dir / "oracle.json").exists()
 
 
+def test_evaluate_stage_drafts_a_model_from_its_parents_episodes(tmp_path, tiny_model_dir, capsys):
+    """``evaluate --policy rl`` after ``--policy sft``: the RL model's turns are drafted from SFT's
+    episodes (fp32: ``evaluate.drafts: auto`` uses them), and here, the same weights, it plays SFT's
+    episodes; ``evaluate.drafts=false`` reads no drafts."""
+    import shutil
+
+    from apprentice.stages import evaluate as stage
+
+    paths = _project(tmp_path, n=2)
+    for model in (paths.sft_model, paths.rl_model):
+        shutil.copytree(tiny_model_dir, model)
+    sets = ["evaluate.max_new_tokens=8", "model.chat_template=model", "model.dtype=fp32"]
+    cfg = load_config(tmp_path / "params.yaml", overrides=sets)
+    stage.run(cfg, paths, policy="sft", progress=False)
+    assert "draft turns" not in capsys.readouterr().out  # iteration 1's SFT has no scored parent
+    stage.run(cfg, paths, policy="rl", progress=False)
+    import re
+
+    assert re.search(r"evaluate rl: [1-9]\d* draft turns from data/iter_1/eval/sft\.parquet", capsys.readouterr().out)
+    sft, rl = (read_parquet(paths.eval_episodes(m)) for m in ("sft", "rl"))
+    assert sft["messages"].tolist() == rl["messages"].tolist()
+    off = load_config(tmp_path / "params.yaml", overrides=[*sets, "evaluate.drafts=false"])
+    stage.run(off, paths, policy="rl", out=str(tmp_path / "off"), progress=False)
+    assert "draft turns" not in capsys.readouterr().out
+    assert read_parquet(tmp_path / "off" / "rl.parquet")["messages"].tolist() == rl["messages"].tolist()
+
+
 def test_grouped_decode_attention_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy, monkeypatch):
     """Decode steps read each group of rows' own columns only (rows sorted by first used column): with
     episodes admitted while others are turns ahead (batch 3 of 8), rows of one call start far apart.
