@@ -343,9 +343,9 @@ class CachedHFPolicy(HFPolicy):
         quiet 2-core AMX Xeon; all four give the same 160 transcripts): 64 rows 379.7 s, peak 4.91 GB;
         this rule (~54 rows) 319.1 s, 4.32 GB; 32 rows 256.8 s, 4.31 GB; 64 rows with twice the budget
         242.1 s, 7.46 GB (over issue M's 6 GB). In bf16 the store holds twice the tokens: the same
-        run's bf16 evaluations gave the transcripts they gave before this rule, 160 of 160. What 32 rows still
-        gains over the rule: a call wider than the decode buffers runs in parts (:meth:`_split`), and
-        a part's eviction can drop the entries of the parts after it; not fixed."""
+        run's bf16 evaluations gave the transcripts they gave before this rule, 160 of 160. What 32 rows
+        still gain over the rule in fp32 is not the split calls' evictions (now pinned, :meth:`_run`: that
+        saved 2 %): fp32 runs best at about half the rows bf16 does (README § Benchmarks); not adopted."""
         if not self._row_tokens:
             return batch_size
         return max(1, min(batch_size, int(self.cache_tokens // self._row_tokens)))
@@ -540,8 +540,9 @@ class CachedHFPolicy(HFPolicy):
 
         While a part runs, the entries the parts after it will reuse are pinned: each part makes room
         for what it stores (:meth:`_evict`) and drops the entries its rows extend, and least recently
-        used were exactly the entries of the parts after it, which then re-encoded whole conversations. Measured on fp32 evaluation
-        (160 problems, ~54 rows in two parts): README § Benchmarks."""
+        used were exactly the entries of the parts after it, which then re-encoded whole conversations.
+        RL-1's fp32 evaluation (160 problems): prompt tokens reused 79.6 -> 86.1 %, 355.0 -> 346.4 s,
+        the same 160 transcripts (README § Benchmarks)."""
         matches = [self._best(r) for r in rows]
         reuse = [min(n, len(r) - 1) for r, (_, n) in zip(rows, matches, strict=True)]
         if rows:  # what a row of this workload takes in the store (live_rows)

@@ -88,7 +88,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         def make_policy() -> Any:
             if not built:
                 pol = build_policy(pol_cfg, cfg, paths)
-                if drafts and callable(getattr(pol, "add_drafts", None)) and (ec.drafts is True or pol.drafts_exact):
+                if drafts and callable(getattr(pol, "add_drafts", None)) and (
+                        ec.drafts is True or getattr(pol, "drafts_exact", False)):
                     n = pol.add_drafts(drafts)
                     print(f"evaluate {name}: {n} draft turns from {label}", flush=True)
                 built.append(pol)
