@@ -45,10 +45,11 @@ Drafts (:meth:`CachedHFPolicy.add_drafts`, greedy only): a model scored right af
 trained from mostly plays its parent's turns, so a call can take a turn's tokens from the parent's
 episode, run them in the prefill after the prompt and keep them when each is the model's own argmax by
 a margin (:meth:`CachedHFPolicy._verify`) -- speculative decoding (Leviathan et al., 2023) with a
-transcript as the draft model. Departures from the paper: a draft is accepted whole or not at all (a
-rejected row decodes its turn from the start, its draft's columns masked), and a token is accepted only
-when it leads by ``DRAFT_MARGINS`` (not on argmax equality alone), so a near-tie that a prefill and a
-decode step would round apart is left to decoding. RL-1 on 64 benchmark problems (2-core AMX Xeon):
+transcript as the draft model. Departures from the paper: there is no sampling rule (greedy only), a
+token is accepted only when it leads by ``DRAFT_MARGINS`` (not on argmax equality alone), so a near-tie
+that a prefill and a decode step would round apart is left to decoding, and a row whose draft goes wrong
+keeps the draft's tokens before the first one it rejects and decodes on from there (the rest of the
+draft's columns masked). RL-1 on 64 benchmark problems (2-core AMX Xeon):
 fp32 95.0 -> 65.3 s with 64 / 64 transcripts identical; whole evaluations: README § Benchmarks.
 
 Memory (issue M: evaluation of 160 problems at 64 rows peaked at 6.5-6.6 GB resident in bf16, 2-core
@@ -323,29 +324,50 @@ class CachedHFPolicy(HFPolicy):
         self.token_bytes = 2 * layers * self._kv_heads * self._head_dim * itemsize  # keys + values, all layers
         self.cache_tokens = cache_tokens if cache_tokens is not None else int(kv_gb * 1e9 * STORE_SHARE) // self.token_bytes
         self.buffer_tokens = int(kv_gb * 1e9 * (1 - STORE_SHARE)) // self.token_bytes  # rows x width of one call
-        self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "drafted_rows": 0, "accepted_rows": 0}
+        # counters for a caller to read or print (stats_line): what the calls cost and what they saved
+        self.stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "drafted_rows": 0, "accepted_rows": 0,
+                                        "draft_tokens_kept": 0, "prefill_tokens": 0, "prefill_slots": 0,
+                                        "calls": 0, "parts": 0, "decode_steps": 0, "row_steps": 0,
+                                        "prefill_s": 0.0, "decode_s": 0.0}
         self._drafts: dict[str, Message] = {}  # conversation (canonical JSON) -> its likely next turn (add_drafts)
         self._row_tokens = 0.0  # mean tokens a row of the last call stores (live_rows)
         self._pinned: dict[int, _Entry] = {}  # entries a running call's later parts reuse, by id (held: ids stay unique)
         self._kv_dtype: torch.dtype | None = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, flat; grown, never shrunk
 
+    def stats_line(self) -> str:
+        """One line on where this engine's time went: the place to look first when generation is slow
+        (a call split into many parts, most prompt tokens re-encoded, decode steps with few rows)."""
+        s = self.stats
+        line = (f"{s['calls']:.0f} calls in {s['parts']:.0f} parts, prefill {s['prefill_s']:.1f} s "
+                f"({s['prefill_tokens']:.0f} tokens in {s['prefill_slots']:.0f} slots), "
+                f"{s['decode_steps']:.0f} decode steps ({s['row_steps'] / max(s['decode_steps'], 1):.1f} rows each) "
+                f"{s['decode_s']:.1f} s, prompt tokens reused {s['reused_tokens'] / max(s['prompt_tokens'], 1):.0%}")
+        if s["drafted_rows"]:
+            line += (f", drafts accepted {s['accepted_rows']:.0f} / {s['drafted_rows']:.0f} "
+                     f"({s['draft_tokens_kept']:.0f} draft tokens kept)")
+        return line
+
     def live_rows(self, batch_size: int) -> int:
         """How many conversations the rollout loop should play at once when asked for ``batch_size``
         (:func:`apprentice.rollout.run_episodes` asks every round): as many as the prefix store holds
-        at the size of this engine's last call's rows (prompt + ``max_new_tokens``), at most
-        ``batch_size``.
+        at the size this engine's last call's rows will have after the next call (prompt +
+        ``max_new_tokens`` + the new tokens a row brought to the last call, which the next brings
+        again: an observation and a turn's template tokens), at most ``batch_size``.
 
         Why: the rounds are lock-step, so when the live conversations pass the store's ``cache_tokens``
         the least recently used entry dropped is always one the next round needs, and every turn
         re-encodes its whole conversation. ``kv_gb`` is a byte budget, so fp32 meets that first.
         Measured (fp32, the ``48254d7`` run's SFT-2 on the 160 benchmark problems, ~570 tokens a row,
         quiet 2-core AMX Xeon; all four give the same 160 transcripts): 64 rows 379.7 s, peak 4.91 GB;
-        this rule (~54 rows) 319.1 s, 4.32 GB; 32 rows 256.8 s, 4.31 GB; 64 rows with twice the budget
-        242.1 s, 7.46 GB (over issue M's 6 GB). In bf16 the store holds twice the tokens: the same
-        run's bf16 evaluations gave the transcripts they gave before this rule, 160 of 160. What 32 rows
-        still gain over the rule in fp32 is not the split calls' evictions (now pinned, :meth:`_run`: that
-        saved 2 %): fp32 runs best at about half the rows bf16 does (README § Benchmarks); not adopted."""
+        the rule without the growth term (~54 rows) 319.1 s, 4.32 GB; 32 rows 256.8 s, 4.31 GB; 64
+        rows with twice the budget 242.1 s, 7.46 GB (over issue M's 6 GB). The growth term: sized at
+        the last call, the live rows passed the store at the next, whose last entries to finish (its
+        first parts, when it split) were then dropped and re-encoded. fp32, AVX2-capped, quiet 2-core
+        AMD EPYC, the ``5452276`` run's iteration-1 models, 160 problems, same transcripts each: SFT-1
+        410.8 -> 374.1 s (prompt tokens re-encoded 69.4k -> 59.6k), RL-1 with drafts 278.3 / 292.3 ->
+        256.0 s (32 rows: 392.3 and 242.3 s). In bf16 the store holds twice the tokens and the rule
+        stays at ``batch_size``: RL-1, same work and transcripts with and without the term."""
         if not self._row_tokens:
             return batch_size
         return max(1, min(batch_size, int(self.cache_tokens // self._row_tokens)))
@@ -360,8 +382,8 @@ class CachedHFPolicy(HFPolicy):
         ones its parent played. Checking a turn's tokens costs one prefill over them, several times
         cheaper per token than decoding them one step at a time; a turn that differs costs that
         prefill in vain and decodes as before. This is speculative decoding (Leviathan et al., 2023)
-        with the parent's transcript as the draft model, accepted only whole (a partial match decodes
-        the turn from its start: simpler, and the partial gain is small when most turns match).
+        with the parent's transcript as the draft model. A draft that goes wrong still gives its
+        tokens before the first wrong one: the row decodes on from there.
 
         Conversations are matched by content (JSON with sorted keys: stored episodes come back from
         Parquet with their keys sorted, and a template renders tool schemas in key order). A draft is
@@ -546,12 +568,18 @@ class CachedHFPolicy(HFPolicy):
         matches = [self._best(r) for r in rows]
         reuse = [min(n, len(r) - 1) for r, (_, n) in zip(rows, matches, strict=True)]
         if rows:  # what a row of this workload takes in the store (live_rows)
-            self._row_tokens = sum(len(r) for r in rows) / len(rows) + max_new_tokens
+            # what a row stores after this call (prompt + reply), and after the next one: it grows again by
+            # about as many new tokens as it brought to this one (an observation, a reply's template tokens)
+            grown = sum(len(r) - k for r, k in zip(rows, reuse, strict=True)) / len(rows)
+            self._row_tokens = sum(len(r) for r in rows) / len(rows) + max_new_tokens + grown
         drafts = drafts if drafts is not None and temperature == 0 else [None] * len(rows)
         new = [len(r) - k + (len(d) - 1 if d is not None else 0) for r, k, d in zip(rows, reuse, drafts, strict=True)]
         out: list[tuple[list[int], int]] = []
+        parts = self._split(reuse, new, max_new_tokens)
+        self.stats["calls"] += 1
+        self.stats["parts"] += len(parts)
         try:
-            for a, b in self._split(reuse, new, max_new_tokens):
+            for a, b in parts:
                 self._pinned = {id(e): e for e, _ in matches[b:] if e is not None}  # what the parts after this reuse
                 # matches again: an earlier part may have freed entries
                 out += self._decode(rows[a:b], temperature, top_p, max_new_tokens, drafts[a:b])
@@ -572,8 +600,9 @@ class CachedHFPolicy(HFPolicy):
         """One batched call: (completion ids, reused prompt tokens) per row, in the caller's order; every
         row's keys/values (prompt + completion) go into the store. A row with a draft (greedy only, see
         :meth:`add_drafts`) runs it in the prefill after its prompt; the draft is its completion when
-        every draft token is the model's own confident argmax (:meth:`_verify`), else the row decodes
-        from its prompt as any other, the draft's columns masked out."""
+        every draft token is the model's own confident argmax (:meth:`_verify`), else the row keeps the
+        draft's tokens before the first that is not and decodes on from there, the rest of the draft's
+        columns masked out."""
         from transformers import StaticCache
 
         tok = self.tokenizer
@@ -646,6 +675,7 @@ class CachedHFPolicy(HFPolicy):
         act = torch.arange(B, device=self.device)  # batch position -> row; finished rows leave the batch
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         next_pos = torch.tensor([len(r) for r in rows], device=self.device)
+        off = torch.zeros(B, dtype=torch.long, device=self.device)  # per row: completion tokens a draft gave
         kv_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         cur = C
         # each row's first used column: decode steps read only from there (_grouped_sdpa)
@@ -667,22 +697,31 @@ class CachedHFPolicy(HFPolicy):
                 layer.keys, layer.values = _compacted(layer.keys, keep_b), _compacted(layer.values, keep_b)
             mask, act, next_pos, done, first = mask[keep_b], act[keep_b], next_pos[keep_b], done[keep_b], first[keep_b]
 
+        t_prefill = time.perf_counter()
         with modeling.generation(self.dtype, self.device), _grouped_decode():
             new_counts = [len(r) - c + x for r, c, x in zip(rows, reuse, extra, strict=True)]
+            self.stats["prefill_tokens"] += sum(new_counts)
             if K:
-                logits, accepted = self._verify(ids, pos, mask, cache, C, new_counts, drafts, K)
-                for i, (d, ok) in enumerate(zip(drafts, accepted, strict=True)):
+                logits, kept = self._verify(ids, pos, mask, cache, C, new_counts, drafts, K)
+                for i, (d, p) in enumerate(zip(drafts, kept, strict=True)):
                     if d is None:
                         continue
                     self.stats["drafted_rows"] += 1
-                    if ok:  # the draft is the completion: the row is done before the first step
+                    self.stats["draft_tokens_kept"] += p
+                    out[i, :p] = torch.from_numpy(d[:p])
+                    if p == len(d):  # the draft is the completion: the row is done before the first step
                         self.stats["accepted_rows"] += 1
-                        out[i, :len(d)] = torch.from_numpy(d)
                         n_gen[i], done[i] = len(d), True
-                    elif extra[i]:  # decode from the prompt: the draft's keys/values are not its context
-                        mask[i, C + S - extra[i]:C + S] = 0
+                        continue
+                    # the row decodes on after the draft's first p tokens: the rest of the draft's keys/values
+                    # are not its context
+                    off[i] = p
+                    next_pos[i] += p
+                    mask[i, C + S - extra[i] + p:C + S] = 0
             else:
                 logits = self._prefill(ids, pos, mask, cache, C, new_counts)
+            t_decode = time.perf_counter()
+            self.stats["prefill_s"] += t_decode - t_prefill
             cur = C + S
             # rows by first used column, so that groups of them are leading slices; worth one pass over
             # the cache when the groups save more than that over half the steps
@@ -699,11 +738,12 @@ class CachedHFPolicy(HFPolicy):
             for step in range(max_new_tokens):
                 nxt = self._pick(logits, temperature, top_p, gen) if sample else logits.argmax(-1)
                 nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-                out[act[~done], step] = nxt[~done]  # a finished row's completion stays (an accepted draft)
+                live = act[~done]
+                out[live, off[live] + step] = nxt[~done]  # a finished row's completion stays (an accepted draft)
                 hit = torch.isin(nxt, stop) & ~done
                 for b in hit.nonzero().squeeze(-1).tolist():
-                    n_gen[int(act[b])] = step + 1
-                done |= hit
+                    n_gen[int(act[b])] = int(off[act[b]]) + step + 1
+                done |= hit | (off[act] + step + 1 >= max_new_tokens)  # a row that a draft started ends sooner
                 if bool(done.all()) or step == max_new_tokens - 1:
                     break
                 if int(done.sum()) >= max(1, done.numel() // 4):  # compact: finished rows stop costing compute
@@ -713,6 +753,8 @@ class CachedHFPolicy(HFPolicy):
                     reindex(keep_b)
                     groups = self._groups(first, cur + 1 + (max_new_tokens - step) // 2)
                 mask[:, cur] = (~done).long()
+                self.stats["decode_steps"] += 1
+                self.stats["row_steps"] += int(act.numel())
                 span = _DECODE_SPAN.set((groups, cur + 1))
                 try:
                     logits = self.model(input_ids=nxt[:, None], position_ids=next_pos[:, None].clone(), attention_mask=mask,
@@ -722,6 +764,7 @@ class CachedHFPolicy(HFPolicy):
                 cur += 1
                 next_pos += 1
             harvest(list(range(act.numel())))
+            self.stats["decode_s"] += time.perf_counter() - t_decode
 
         results: list[tuple[list[int], int]] = []
         for i, r in enumerate(rows):
@@ -760,6 +803,7 @@ class CachedHFPolicy(HFPolicy):
         for a, b, rows in prefill_plan(new, S):
             for layer in cache.layers:  # StaticLayer writes at its own running offset
                 layer.cumulative_length.fill_(C + a)
+            self.stats["prefill_slots"] += (b - a) * (ids.shape[0] if rows is None else len(rows))
             if rows is None:
                 logits = self.model(input_ids=ids[:, a:b], position_ids=pos[:, a:b], attention_mask=mask, cache=cache,
                                     use_cache=True, logits_to_keep=1).logits
@@ -777,15 +821,18 @@ class CachedHFPolicy(HFPolicy):
         return logits
 
     def _verify(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Any, C: int, new: list[int],
-                drafts: list[np.ndarray | None], K: int) -> tuple[torch.Tensor, list[bool]]:
-        """The prefill of a call with drafts: the next-token logits of every row's prompt, and whether
-        each draft is accepted. Columns before the last ``K`` run as :meth:`_prefill` runs them; the
-        last ``K`` (every draft and its row's last prompt token) run for all rows, through the
-        decoder only; the LM head then runs only where a logit is read, in slices of rows whose
-        logits stay under ``VERIFY_LOGIT_BYTES``. A draft is accepted when at each of its
-        tokens the model's argmax is that token by a margin over the runner-up of at least
-        ``DRAFT_MARGINS[dtype]`` logits: a prefill sums in another order than a decode step, and the
-        margin keeps a near-tie, which that order could flip, out of what a draft may decide."""
+                drafts: list[np.ndarray | None], K: int) -> tuple[torch.Tensor, list[int]]:
+        """The prefill of a call with drafts: per row, how many of its draft's leading tokens it keeps
+        (all of them: the draft is the completion) and the logits decoding goes on from (after the
+        prompt, or after the kept tokens). Columns before the last ``K`` run as :meth:`_prefill` runs
+        them; the last ``K`` (every draft and its row's last prompt token) run for all rows, through
+        the decoder only; the LM head then runs only where a logit is read, in slices of rows whose
+        logits stay under ``VERIFY_LOGIT_BYTES``. A token is kept when the model's argmax there is
+        that token by a margin over the runner-up of at least ``DRAFT_MARGINS[dtype]`` logits, and so
+        are all before it: a prefill sums in another order than a decode step, and the margin keeps a
+        near-tie, which that order could flip, out of what a draft may decide. For the same reason
+        decoding goes on only from a logit with that margin: where the first rejected token's is a
+        near-tie, the row keeps one token fewer and goes on from the last kept one's logits."""
         B, S = ids.shape
         before = [max(0, n - K) for n in new]  # each row's new tokens left of the last K columns
         with _gqa_sdpa():
@@ -793,6 +840,7 @@ class CachedHFPolicy(HFPolicy):
                 self._prefill_chunks(ids[:, :S - K], pos[:, :S - K], mask, cache, C, before)
             for layer in cache.layers:
                 layer.cumulative_length.fill_(C + S - K)
+            self.stats["prefill_slots"] += B * K
             hidden = self.model.get_decoder()(input_ids=ids[:, S - K:], position_ids=pos[:, S - K:], attention_mask=mask,
                                               cache=cache, use_cache=True).last_hidden_state
             for layer in cache.layers:
@@ -803,7 +851,7 @@ class CachedHFPolicy(HFPolicy):
         margin = DRAFT_MARGINS.get(self.dtype, DRAFT_MARGIN_LOW_PRECISION)
         budget = max(K, int(VERIFY_LOGIT_BYTES // (self.model.config.vocab_size * 4)))  # positions a slice of rows
         first: list[torch.Tensor] = []
-        accepted: list[bool] = []
+        kept: list[int] = []
         i = 0
         while i < B:
             j, n = i, 0
@@ -815,17 +863,21 @@ class CachedHFPolicy(HFPolicy):
                 logits = torch.tanh(logits / cap) * cap
             at = 0
             for d, (a, b) in zip(drafts[i:j], spans[i:j], strict=True):
-                window, at = logits[at:at + b - a], at + b - a
-                first.append(window[0])
+                window, at = logits[at:at + b - a], at + b - a  # window[t]: the logits that predict d[t]
                 if d is None:
-                    accepted.append(False)
+                    first.append(window[0])
+                    kept.append(0)
                     continue
                 top = window.topk(2, dim=-1)
-                agree = top.indices[:, 0] == torch.from_numpy(d).to(window.device)
                 sure = top.values[:, 0] - top.values[:, 1] >= margin
-                accepted.append(bool((agree & sure).all()))
+                ok = (top.indices[:, 0] == torch.from_numpy(d).to(window.device)) & sure
+                p = int(ok.long().cumprod(0).sum())  # leading tokens the model would write itself
+                if 0 < p < len(d) and not bool(sure[p]):
+                    p -= 1  # decoding goes on from window[p]: only from a logit that a decode step would not flip
+                kept.append(p)
+                first.append(window[min(p, len(d) - 1)])
             i = j
-        return torch.stack(first), accepted
+        return torch.stack(first), kept
 
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:

@@ -103,6 +103,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
 
         df, _ = shards.run_sharded(problems, chunk, pq, fp, samples=ec.samples_per_problem, policy_id=name,
                                    shard_size=ec.shard_size, error_budget=ec.error_budget, seed=cfg.pipeline.seed)
+        if built and callable(getattr(built[0], "stats_line", None)):
+            print(f"evaluate {name}: engine {built[0].stats_line()}", flush=True)
         df.attrs[shards.FINGERPRINT_KEY] = fp
         write_parquet(shards.without_wall_clock(df), pq)
         shards.write_timings(pq, df)

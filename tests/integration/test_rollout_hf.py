@@ -138,6 +138,10 @@ def test_a_call_over_the_kv_budget_runs_in_parts_with_the_same_actions(chatty_po
     assert any(n + pinned > 0 for n, pinned, _ in tight.made_room)
     assert max(tight.after_call) <= tight.cache_tokens
     assert tight.lost == 0  # no part's eviction dropped what a later part of its call matched
+    # the counters stats_line prints say so too: more parts than calls, each decode step's rows counted
+    st = tight.stats
+    assert st["parts"] == len(tight.calls) > st["calls"] and st["row_steps"] >= st["decode_steps"] > 0
+    assert f"{st['calls']:.0f} calls in {st['parts']:.0f} parts" in tight.stats_line()
 
 
 def _project(tmp_path, n=4):
@@ -177,7 +181,8 @@ def test_evaluate_stage_with_a_model_path_writes_episodes_and_metrics(tmp_path, 
     episodes = pd.read_parquet(paths.eval_dir / f"{name}.parquet")
     assert len(episodes) == 2 and metrics["n_episodes"] == 2 and metrics["success_rate"] == 0.0
     assert metrics["parse_error_rate"] == 1.0 and "level_1/success_rate" in metrics
-    assert "success (95% Wilson CI)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "success (95% Wilson CI)" in printed and f"evaluate {name}: engine " in printed
     assert stage.run(cfg, paths, policy=tiny_model_dir, progress=False)["skipped"]
     oracle = stage.run(cfg, paths, policy="oracle", progress=False)
     assert oracle["success_rate"] == 1.0 and (paths.eval_dir / "oracle.json").exists()
@@ -245,8 +250,9 @@ def _own_completions(policy, n):
 def test_a_draft_of_the_models_own_completion_is_accepted_and_a_wrong_one_changes_nothing(chatty_policy, dtype,
                                                                                           monkeypatch):
     """Greedy calls with drafts (``_verify``) give the completions the engine gives without them: a
-    draft that is the model's own greedy completion is accepted (no decode step for its row), a
-    draft with one token changed is rejected and its row decodes as if it had none."""
+    draft that is the model's own greedy completion is accepted (no decode step for its row); a draft
+    with one token changed keeps the tokens before it and its row decodes on from there, to the
+    completion it would have had without a draft."""
     import numpy as np
 
     import apprentice.policies.hf_cached as engine
@@ -256,11 +262,20 @@ def test_a_draft_of_the_models_own_completion_is_accepted_and_a_wrong_one_change
     pol = CachedHFPolicy.from_policy(chatty_policy, dtype=dtype)
     rows, ref = _own_completions(pol, 6)
     drafts = [np.asarray(out, dtype=np.int64) for out in ref]
-    drafts[-1][len(drafts[-1]) // 2] += 1  # one wrong token in the middle of the last draft
+    middle = len(drafts[-1]) // 2
+    drafts[-1][middle] += 1  # one wrong token in the middle of the last draft
+    drafts[-2][0] += 1  # one wrong first token
     drafts[2] = None  # and a row without one
     got = [ids for ids, _ in pol._run(rows, 0.0, 1.0, pol.max_new_tokens, drafts)]
     assert got == ref
-    assert pol.stats["drafted_rows"] == 5 and 3 <= pol.stats["accepted_rows"] <= 4
+    assert pol.stats["drafted_rows"] == 5 and pol.stats["accepted_rows"] <= 3 and pol.stats["draft_tokens_kept"] > 0
+    if dtype == "fp32":  # the right drafts accepted, the wrong row kept the tokens before its wrong one
+        assert pol.stats["accepted_rows"] == 3
+        assert pol.stats["draft_tokens_kept"] == sum(len(ref[i]) for i in (0, 1, 3)) + middle
+    # bf16: a prefill rounds apart from a decode step, and at this test's zero margin this random model's
+    # near-ties (exact ties, in bf16) stop a right draft early on one CPU and not on another (1 of 3
+    # accepted on an AVX512-BF16 EPYC, 3 of 4 in the version before on an AMX Xeon): the completions
+    # above are what must not move
     # the store holds every row's prompt + completion, drafted or not: a next turn reuses them
     pol.complete_ids([r.tolist() + out + [5] for r, out in zip(rows, ref, strict=True)])
     assert pol.stats["reused_tokens"] > 0.9 * sum(len(r) + len(out) for r, out in zip(rows, ref, strict=True))
@@ -318,3 +333,22 @@ def test_a_draft_is_the_stored_turn_as_the_chat_template_writes_it(chatty_policy
         assert err is None and msg["tool_calls"] == t.messages[2]["tool_calls"]
     # max_new_tokens cuts a draft as it would cut the turn
     assert len(pol._draft_ids(conv, t.tools, pol.render(conv, t.tools), max_new_tokens=3)) == 3
+
+
+def test_live_rows_leaves_the_store_room_for_each_rows_next_turn(chatty_policy):
+    """``live_rows`` sizes a row as it will be after the next call: its prompt, a reply and the new
+    tokens it brought to this call (which the next brings again). Sized at the last call alone, the live
+    rows passed the store at the next one and were re-encoded (fp32 evaluation, README § Benchmarks)."""
+    import numpy as np
+
+    pol = CachedHFPolicy.from_policy(chatty_policy, cache_tokens=2000)
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(100, 1000, size=30 + 5 * i) for i in range(4)]  # no common prefix to share
+    first = pol._run(rows, 0.0, 1.0, pol.max_new_tokens)
+    rows = [np.concatenate([r, np.asarray(ids, dtype=np.int64), rng.integers(100, 1000, size=10)])
+            for r, (ids, _) in zip(rows, first, strict=True)]  # each conversation's next turn: reply + observation
+    second = pol._run(rows, 0.0, 1.0, pol.max_new_tokens)
+    new = [len(r) - reused for r, (_, reused) in zip(rows, second, strict=True)]
+    assert min(new) >= 10  # the observation, at least, was not in the store
+    size = np.mean([len(r) for r in rows]) + pol.max_new_tokens + np.mean(new)
+    assert pol.live_rows(1000) == int(2000 // size) < int(2000 // (size - np.mean(new)))
