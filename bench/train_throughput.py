@@ -4,17 +4,22 @@ Prints, in one run:
 
 1. **where the training tokens go** (the audit): system prompt, tool schemas, task, assistant turns
    (the only tokens that carry loss), tool responses, and the padding a right-padded batch adds;
-2. both trainers side by side on the same records, model, seed, batch size, learning rate and
-   steps (so the same batches in the same order): wall time per step, loss-carrying tokens per
-   second, the loss of every step (equal steps = equal supervised tokens here);
-3. its last line: ``ratio <ours / raw TRL supervised tokens per second>``.
+2. three trainers side by side on the same records, model, seed, batch size, learning rate and
+   steps: wall time per step, loss-carrying tokens per second, the loss of every step. Raw TRL and
+   "padding-free" draw the same batches in the same order (so the same supervised tokens and, up to
+   float summation order, the same losses); "ours" draws micro-batches of one environment family
+   and encodes their common prefix once (:class:`apprentice.training.packing.PrefixGroupedSampler`,
+   :func:`~apprentice.training.packing.share_prefix`), so its batches, and its losses, differ;
+3. ``prefix sharing <ours / padding-free supervised tokens per second>``, then its last line:
+   ``ratio <ours / raw TRL supervised tokens per second>``.
 
 "Raw TRL" is ``trl.SFTTrainer`` with its defaults (right-padded batches, its fused LM head, which
 scores every position on CPU) and only the settings any CPU run needs (``use_cpu``, fp32, no
 activation checkpointing: it only costs time at this size, TRL-CPU-NOTES pitfall 5) plus the
 objective (``assistant_only_loss``). "Ours" is the stage's trainer
 (:class:`apprentice.training.sft.ApprenticeSFTTrainer`: padding-free batches with per-sequence
-attention, LM head on loss positions only; :mod:`apprentice.training.packing`).
+attention, LM head on loss positions only, one copy of a micro-batch's common prefix;
+:mod:`apprentice.training.packing`); "padding-free" is the same trainer without the shared prefix.
 
     python bench/train_throughput.py                # default profile's SFT set, models/base, 3 steps per run
     python bench/train_throughput.py --steps 2 --quick   # smoke check on the quick profile's tiny model
@@ -136,7 +141,7 @@ def train(kind: str, cfg: Any, records: list[dict[str, Any]], tok: Any, steps: i
 
     sft = cfg.sft.model_copy(update={"max_steps": steps, "save_steps": 10_000})
     work = Path(tempfile.mkdtemp(prefix=f"tt-{kind}-"))
-    fast = kind == "ours"
+    fast = kind != "raw TRL"
     dataset = sft_mod.build_dataset(records, tok, 0, sft.max_length if fast else 0)
     torch.manual_seed(sft.seed)
     model = load_model(model_dir, dtype="fp32")
@@ -145,6 +150,7 @@ def train(kind: str, cfg: Any, records: list[dict[str, Any]], tok: Any, steps: i
         use_varlen(model)
     args = sft_mod.sft_trl_config(sft, work, cfg.model.dtype, fast=fast, save_strategy="no", disable_tqdm=True)
     cls = counting(sft_mod.ApprenticeSFTTrainer if fast else SFTTrainer)
+    cls.share_prefix = kind == "ours"
     clock = Clock()
     trainer = cls(model=model, args=args, train_dataset=dataset, processing_class=tok, callbacks=[clock])
     trainer.train()
@@ -184,17 +190,20 @@ def main() -> int:
     for k, v in a.items():
         print(f"  {k:32s} {v:8d}  {100 * v / total:5.1f} %")
 
-    print(f"\ntraining {args.steps} steps per run, runs in the order raw, ours, ours, raw; batch {cfg.sft.batch_size}, {model_dir}, "
-          f"threads={torch.get_num_threads()}", flush=True)
-    # A-B-B-A: slow drift on a shared machine (other jobs starting or ending) hits both sides equally
-    runs = [train(kind, cfg, records, tok, args.steps, model_dir) for kind in ("raw TRL", "ours", "ours", "raw TRL")]
-    raw, ours = (_merge([r for r in runs if r["kind"] == k]) for k in ("raw TRL", "ours"))
-    for r in (raw, ours):
-        print(f"  {r['kind']:8s} {r['wall_s']:7.1f} s  {r['wall_s'] / r['steps']:5.1f} s/step  "
+    kinds = ("raw TRL", "padding-free", "ours")
+    print(f"\ntraining {args.steps} steps per run, runs in the order {', '.join(kinds + kinds[::-1])}; "
+          f"batch {cfg.sft.batch_size}, {model_dir}, threads={torch.get_num_threads()}", flush=True)
+    # A-B-C-C-B-A: slow drift on a shared machine (other jobs starting or ending) hits every side equally
+    runs = [train(kind, cfg, records, tok, args.steps, model_dir) for kind in kinds + kinds[::-1]]
+    raw, free, ours = (_merge([r for r in runs if r["kind"] == k]) for k in kinds)
+    for r in (raw, free, ours):
+        print(f"  {r['kind']:12s} {r['wall_s']:7.1f} s  {r['wall_s'] / r['steps']:5.1f} s/step  "
               f"{r['supervised']} supervised tokens  {r['tok_s']:6.1f} tok/s  loss {[round(x, 4) for x in r['loss']]}")
-    same = raw["supervised"] == ours["supervised"]
-    drift = abs(ours["loss"][-1] - raw["loss"][-1]) / max(abs(raw["loss"][-1]), 1e-9)
-    print(f"  same supervised tokens: {same}; final loss ours vs raw: {100 * drift:.2f} % apart (target <= 5 %)")
+    same = raw["supervised"] == free["supervised"]
+    drift = abs(free["loss"][-1] - raw["loss"][-1]) / max(abs(raw["loss"][-1]), 1e-9)
+    print(f"  same batches, raw vs padding-free: same supervised tokens {same}; final loss {100 * drift:.2f} % apart "
+          "(target <= 5 %)")
+    print(f"prefix sharing {ours['tok_s'] / free['tok_s']:.2f}")
     print(f"ratio {ours['tok_s'] / raw['tok_s']:.2f}")
     return 0 if drift <= 0.05 else 1
 

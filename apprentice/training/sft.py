@@ -13,11 +13,15 @@ through the ``deepspeed`` argument, checkpoints. This module adds:
 * **Arbitrary JSON in records**: tool-call arguments differ per tool, and Arrow unifies them into one
   struct (``{"direction": "up", "query": null}``), which the template then renders. The dataset is
   built with ``datasets.Json`` columns so each record keeps its own shape.
+* **Padding-free batches with the LM head on supervised positions only, and one copy of a
+  micro-batch's common prefix** (:class:`ApprenticeSFTTrainer`, :mod:`apprentice.training.packing`).
 * Per-step metrics, resume, atomic final folder (``apprentice.training.common``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +32,8 @@ from trl import SFTTrainer
 
 from apprentice.config import SFTConfig
 from apprentice.training import common, loggers
+
+PREFIX_GROUP = "prefix_group"  # dataset column: conversations with equal values share their rendered prefix
 
 
 def _render_len(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
@@ -65,7 +71,7 @@ def apply_horizon(record: dict[str, Any], tokenizer: Any, horizon_tokens: int) -
 def build_dataset(records: Sequence[dict[str, Any]], tokenizer: Any = None, horizon_tokens: int = 0,
                   max_length: int = 0) -> Any:
     """TRL conversational dataset with ``Json`` columns (see module doc), horizon and length cut applied."""
-    from datasets import Dataset, Features, Json, List
+    from datasets import Dataset, Features, Json, List, Value
 
     if not records:
         raise ValueError("no SFT records: the validated trajectory table is empty; check the validate stage's "
@@ -84,14 +90,28 @@ def build_dataset(records: Sequence[dict[str, Any]], tokenizer: Any = None, hori
         # a plain record becomes prompt = [system, task], which masks exactly what it masked before
         split = [(list(r["messages"][:max(context_turns(r), episode_start(r["messages"]))]),
                   list(r["messages"][max(context_turns(r), episode_start(r["messages"])):]), r) for r in records]
-        rows = [{"prompt": p, "completion": c, "tools": list(r.get("tools") or [])} for p, c, r in split if c]
+        rows = [{"prompt": p, "completion": c, "tools": list(r.get("tools") or []), PREFIX_GROUP: prefix_group(r)}
+                for p, c, r in split if c]
         if not rows:
             raise ValueError("every SFT record is all context (context_turns covers all its messages); nothing "
                              "to train on")
         return Dataset.from_list(rows, features=Features({"prompt": List(Json()), "completion": List(Json()),
-                                                          "tools": List(Json())}))
-    rows = [{"messages": list(r["messages"]), "tools": list(r.get("tools") or [])} for r in records]
-    return Dataset.from_list(rows, features=Features({"messages": List(Json()), "tools": List(Json())}))
+                                                          "tools": List(Json()), PREFIX_GROUP: Value("string")}))
+    rows = [{"messages": list(r["messages"]), "tools": list(r.get("tools") or []), PREFIX_GROUP: prefix_group(r)}
+            for r in records]
+    return Dataset.from_list(rows, features=Features({"messages": List(Json()), "tools": List(Json()),
+                                                      PREFIX_GROUP: Value("string")}))
+
+
+def prefix_group(record: dict[str, Any]) -> str:
+    """What a conversation's rendered prefix depends on before its first user turn: the system
+    messages and the tool schemas. Conversations with equal keys share that prefix token for token
+    (one environment family), which :class:`~apprentice.training.packing.PrefixGroupedSampler` batches
+    together and :func:`~apprentice.training.packing.share_prefix` encodes once."""
+    messages = list(record.get("messages") or record.get("prompt") or [])
+    head = messages[:max(episode_start(messages) - 1, 0)]
+    return hashlib.sha1(json.dumps([head, list(record.get("tools") or [])], sort_keys=True, default=str)
+                        .encode()).hexdigest()
 
 
 def context_turns(record: dict[str, Any]) -> int:
@@ -134,21 +154,38 @@ class ApprenticeSFTTrainer(SFTTrainer):
     test checks both).
     """
 
+    share_prefix = True  # False: padding-free batches alone (bench/train_throughput.py measures the difference)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._seen_tokens = 0
 
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        """Micro-batches of one prefix group (:class:`~apprentice.training.packing.PrefixGroupedSampler`)
+        on the padding-free path; transformers' own sampler otherwise. Overrides a private method of the
+        pinned transformers (contract test: tests/unit/test_library_contracts.py)."""
+        from apprentice.training.packing import PrefixGroupedSampler
+
+        data: Any = self.train_dataset
+        if (not self.share_prefix or not getattr(self.args, "padding_free", False) or self.args.train_batch_size < 2
+                or PREFIX_GROUP not in getattr(data, "column_names", ())
+                or (train_dataset is not None and len(train_dataset) != len(data))):
+            return super()._get_train_sampler(train_dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return PrefixGroupedSampler(data[PREFIX_GROUP], self.args.train_batch_size, seed)
+
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        from apprentice.training.packing import compact_nll
+        from apprentice.training.packing import compact_nll, share_prefix
 
         if return_outputs or getattr(self.args, "loss_type", "nll") != "nll" or self.label_smoother is not None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # accelerate puts mixed precision on ``model.forward`` (the Trainer leaves autocast to it);
         # compact_nll calls the backbone and the head directly, so it needs the context itself: without
         # it the bf16 setting trained in fp32 (4.2 ms per matmul against ~1 under autocast, AMX Xeon)
+        shared = share_prefix(inputs)[0] if self.share_prefix else inputs
         with self.accelerator.autocast():
-            nll, st = compact_nll(model, inputs)
+            nll, st = compact_nll(model, shared)
         denom = st["n"] if num_items_in_batch is None else num_items_in_batch
         loss = nll / torch.as_tensor(denom).clamp(min=1)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:

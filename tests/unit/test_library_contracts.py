@@ -147,6 +147,17 @@ def test_trainer_signature_columns_override():
     assert "self._signature_columns" in inspect.getsource(Trainer._set_signature_columns_if_needed)
 
 
+def test_trainer_train_sampler_override():
+    """ApprenticeSFTTrainer._get_train_sampler returns a per-index sampler for the DataLoader that
+    transformers builds from it (``sampler=``, cut into ``train_batch_size`` runs), or defers to it."""
+    from transformers import Trainer
+
+    assert _params(Trainer._get_train_sampler) == ["self", "train_dataset"]
+    loader = inspect.getsource(Trainer._get_dataloader)
+    assert "sampler = sampler_fn(dataset)" in loader and 'dataloader_params["sampler"] = sampler' in loader
+    assert "sampler_fn=self._get_train_sampler" in inspect.getsource(Trainer.get_train_dataloader)
+
+
 def test_chunked_divergence_kernel_positional_contract():
     """losses.chunked_per_token_divergence calls ChunkedDivergenceFunction.apply with 12 positional args."""
     from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
