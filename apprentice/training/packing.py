@@ -1,4 +1,5 @@
-"""Padding-free SFT batches on CPU: per-sequence causal attention over a flattened batch, loss-only LM head.
+"""Padding-free training batches on CPU: per-sequence causal attention over a flattened batch, loss-only LM head,
+a common prefix encoded once (SFT's micro-batches of one family, GRPO's group of one prompt).
 
 Why: on this 2-core fp32 CPU an SFT step is compute-bound, and raw TRL spends a large share of it
 on tokens that teach nothing. Measured on the default profile's SFT set (``bench/train_throughput.py``
@@ -29,6 +30,18 @@ Two fixes, both exact (same loss where the data is the same, up to float summati
   with ``shared_prefix``), its tokens at their true positions. The gradient through the prefix is the
   sum over the conversations that read it, as before. Measured: README § Benchmarks.
 
+* **GRPO's micro-batches scored without padding, their common prompt prefix once**
+  (:class:`SharedPromptScoring`). TRL scores a micro-batch as a padded block: every completion after its
+  own copy of the prompt, prompts left-padded, completions right-padded to ``max_completion_length``
+  (a block of 2 x 458 for ~2 x 320 real tokens in the default RL), and on CPU its fused head runs the
+  49k-vocabulary projection on every position of it. TRL shuffles a generation batch before cutting
+  micro-batches, so their rows are of different prompts, but of one family they share the system
+  prompt and tool schemas. The flattened row holds that common prefix once (segment 0) and each row's
+  rest of prompt + completion as a segment attending to it; the fused head scores the row
+  (``shift_labels``), and the result is scattered back into TRL's (rows, completion) layout. Same
+  log-probabilities, entropies and gradients, up to float summation order (a test checks them against
+  TRL's own method). Measured: README § Benchmarks.
+
 Why hand-written: flash-attention's varlen kernels need a GPU and TRL's compact fused head is
 Triton-only; what is left for CPU is a loop over ``sdpa`` calls and a gather before the head. No
 library trains several sequences over one copy of their common prefix (vLLM and SGLang share it in
@@ -38,6 +51,7 @@ by length, which orders a run family by family).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
@@ -208,3 +222,108 @@ class PrefixGroupedSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter([i for batch in self.batches() for i in batch])
+
+
+@contextlib.contextmanager
+def varlen_sdpa() -> Iterator[None]:
+    """Route transformers' ``sdpa`` through :func:`sdpa_varlen_forward` for the duration, for a model whose
+    attention implementation stays ``sdpa`` (GRPO's policy: the generation engine overrides ``sdpa`` the
+    same way, :func:`apprentice.policies.hf_cached._grouped_decode`). Unpacked inputs run plain SDPA."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    before = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_varlen_forward
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = before
+
+
+def shared_prompt_row(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+                      min_prefix: int = MIN_SHARED_PREFIX) -> dict[str, Any] | None:
+    """TRL's padded (rows, prompt + completion) block as one flattened row without padding, the rows'
+    common prompt prefix kept once; None where a row's prompt or completion is not one run of tokens.
+
+    The common prefix stops one token before the shortest prompt ends: a row's last prompt token must be
+    in its own segment, where it predicts that row's first completion token. Shorter than ``min_prefix``,
+    nothing is shared and every row is its own causal segment (still no padding, and a completion TRL
+    masked out costs nothing). Returns the model inputs (``input_ids``, ``position_ids``,
+    ``cu_seq_lens_q/k``, ``max_length_q/k``, ``shared_prefix`` where shared, ``shift_labels``: each
+    position's next token where that is a completion token) and ``index``: for each (row, completion
+    column) the flat position whose label is that token, -1 where the column is padding."""
+    rows = input_ids.shape[0]
+    width = input_ids.shape[1] - completion_len
+    prompt_mask, comp_mask = attention_mask[:, :width].bool(), attention_mask[:, width:].bool()
+    prompts, comps = [], []
+    for i in range(rows):
+        p_len, n = int(prompt_mask[i].sum()), int(comp_mask[i].sum())
+        if p_len < 1 or not bool(prompt_mask[i, width - p_len:].all()) or not bool(comp_mask[i, :n].all()):
+            return None  # left padding and right padding only, as TRL builds the block
+        prompts.append(input_ids[i, width - p_len:width])
+        comps.append(input_ids[i, width:width + n])
+    shared = min(len(p) for p in prompts) - 1
+    for other in prompts[1:]:
+        differ = (other[:shared] != prompts[0][:shared]).nonzero()
+        shared = int(differ[0]) if len(differ) else shared
+    if rows < 2 or shared < min_prefix:
+        shared = 0
+    ids, pos, labels, seg = [], [], [], []
+    if shared:
+        ids, pos, labels, seg = [prompts[0][:shared]], [torch.arange(shared)], [torch.full((shared,), -100)], [shared]
+    index = torch.full((rows, completion_len), -1, dtype=torch.long)
+    start = shared
+    for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+        own = torch.cat([p[shared:], c])
+        ids.append(own)
+        pos.append(torch.arange(shared, shared + len(own)))
+        labels.append(torch.cat([torch.full((len(p) - shared - 1,), -100), c, torch.tensor([-100])]))
+        first = start + len(p) - shared - 1  # the row's last prompt token: it predicts the first completion token
+        index[i, :len(c)] = torch.arange(first, first + len(c))
+        seg.append(len(own))
+        start += len(own)
+    cu = torch.tensor([0, *torch.tensor(seg).cumsum(0).tolist()], dtype=torch.int32)
+    device = input_ids.device
+    row = {"input_ids": torch.cat(ids)[None].to(device), "position_ids": torch.cat(pos)[None].to(device),
+           "shift_labels": torch.cat(labels)[None].to(device), "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+           "max_length_q": max(seg), "max_length_k": max(seg), "index": index.to(device)}
+    if shared:
+        row[SHARED_PREFIX] = shared
+    return row
+
+
+class SharedPromptScoring:
+    """Mixin for TRL's ``GRPOTrainer``: score a micro-batch as one flattened row without padding, over one
+    copy of its rows' common prompt prefix (:func:`shared_prompt_row`); anything else (images, MoE aux
+    loss) goes to TRL. Overrides the private ``_get_per_token_logps_and_entropies`` of the pinned TRL (contract
+    test: tests/unit/test_library_contracts.py), keeping its signature and its returns."""
+
+    share_prompt = True
+
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                           logits_to_keep: int, batch_size: int | None = None,
+                                           compute_entropy: bool = False, compute_aux_loss: bool = False,
+                                           **extra: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        parent: Any = super()
+        if not self.share_prompt or compute_aux_loss or any(v is not None for v in extra.values()):
+            return parent._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                             batch_size, compute_entropy, compute_aux_loss, **extra)
+        size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), size):
+            ids, mask = input_ids[start:start + size], attention_mask[start:start + size]
+            row = shared_prompt_row(ids, mask, logits_to_keep)
+            if row is None:
+                lp, ent, _ = parent._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep,
+                                                                       compute_entropy=compute_entropy)
+            else:
+                index = row.pop("index")
+                with varlen_sdpa(), self.accelerator.autocast():  # type: ignore[attr-defined]
+                    out = model(**row, fused_lm_head=True)
+                where = index.clamp(min=0)
+                pad = index < 0
+                lp = out.log_probs[0][where].masked_fill(pad, 0.0)
+                ent = None if out.entropy is None else out.entropy[0][where].masked_fill(pad, 0.0)
+            logps.append(lp)
+            if compute_entropy:
+                entropies.append(ent)
+        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None

@@ -19,6 +19,10 @@ What this module adds on top:
   * **bf16 rollouts**: TRL generates outside autocast, i.e. in fp32, even with ``bf16=True``;
     :class:`CurriculumGRPOTrainer` wraps generation in autocast (~1.4x on AMX CPUs; pitfall 10).
     Trained weights stay fp32.
+  * **Scoring without padding, the common prompt prefix once**
+    (:class:`~apprentice.training.packing.SharedPromptScoring`): TRL's padded block (prompts left-padded,
+    completions right-padded to ``max_completion_length``, the LM head on every position) becomes one
+    flattened row holding the micro-batch's shared system prompt and tool schemas once.
   * **Sampler: the pipeline's engine** (:mod:`apprentice.training.sampling`): TRL's tool loop hands
     ``_generate_single_turn`` token ids, and each tool round reuses the keys/values of the episode's
     earlier rounds, where TRL's plain path re-encoded the whole episode every round. Measured on RL-1
@@ -46,15 +50,18 @@ from trl import GRPOTrainer
 from apprentice.config import RLConfig
 from apprentice.modeling import autocast
 from apprentice.training import common, loggers
+from apprentice.training.packing import SharedPromptScoring
 from apprentice.training.sampling import EngineSampling
 
 
-class CurriculumGRPOTrainer(EngineSampling, GRPOTrainer):
-    """``GRPOTrainer`` sampling through the pipeline's engine (TRL's own loss, sampler and tool loop).
+class CurriculumGRPOTrainer(EngineSampling, SharedPromptScoring, GRPOTrainer):
+    """``GRPOTrainer`` sampling through the pipeline's engine (TRL's own loss, sampler and tool loop),
+    scoring each micro-batch as one flattened row over one copy of its common prompt prefix.
 
-    Overrides TRL's private ``_generate_single_turn`` and wraps ``_generate`` (TRL pinned exactly;
-    contract test in ``tests/unit/test_library_contracts.py``): same arguments and return as TRL's
-    plain ``generate`` path (:mod:`apprentice.training.sampling`).
+    Overrides TRL's private ``_generate_single_turn`` and ``_get_per_token_logps_and_entropies`` and
+    wraps ``_generate`` (TRL pinned exactly; contract test in ``tests/unit/test_library_contracts.py``):
+    same arguments and returns as TRL's plain ``generate`` path (:mod:`apprentice.training.sampling`)
+    and its padded scoring (:class:`~apprentice.training.packing.SharedPromptScoring`).
     """
 
     def __init__(self, *args: Any, rollout_dtype: str = "fp32", **kwargs: Any) -> None:

@@ -147,6 +147,23 @@ def test_trainer_signature_columns_override():
     assert "self._signature_columns" in inspect.getsource(Trainer._set_signature_columns_if_needed)
 
 
+def test_grpo_scoring_override():
+    """SharedPromptScoring._get_per_token_logps_and_entropies keeps TRL's signature and returns, and
+    relies on its fused LM head taking ``shift_labels`` and passing other kwargs to the backbone."""
+    from trl import GRPOTrainer
+    from trl.trainer import utils
+
+    params = _params(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert params[:7] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size",
+                          "compute_entropy"] and params[7] == "compute_aux_loss"
+    src = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "outputs = model(**model_inputs, labels=labels, fused_lm_head=True)" in src
+    assert "return logps, entropies, aux_loss" in src
+    head = inspect.getsource(utils.add_fused_lm_head)
+    assert "shift_labels=None" in head and "backbone_outputs = getattr(self, backbone_attr)(*args, **kwargs)" in head
+    assert "labels = shift_labels" in head
+
+
 def test_trainer_train_sampler_override():
     """ApprenticeSFTTrainer._get_train_sampler returns a per-index sampler for the DataLoader that
     transformers builds from it (``sampler=``, cut into ``train_batch_size`` runs), or defers to it."""
