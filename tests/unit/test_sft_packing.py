@@ -9,12 +9,13 @@ import pytest
 import torch
 
 
-def _batch(tok, n: int = 3):
+def _batch(tok, seeds=(0, 1, 2)):
+    """Oracle episodes of one family (grid, level 0) as (token ids, labels on the assistant tokens)."""
     from apprentice.envs import FAMILIES
     from apprentice.policies.oracle import OraclePolicy
     from apprentice.rollout import run_episodes
 
-    specs = [FAMILIES["grid"].generate(seed, 0) for seed in range(n)]
+    specs = [FAMILIES["grid"].generate(seed, 0) for seed in seeds]
     trajs = run_episodes(specs, OraclePolicy(), progress=False)
     out = []
     for t in trajs:
@@ -72,23 +73,6 @@ def test_padding_free_compact_loss_and_grads_equal_the_padded_full_head(tiny_mod
     torch.testing.assert_close(fast(input_ids=x).logits, ref(input_ids=x).logits, rtol=1e-5, atol=1e-5)
 
 
-def _family_batch(tok, seeds=(0, 1, 2)):
-    from apprentice.envs import FAMILIES
-    from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
-
-    trajs = run_episodes([FAMILIES["grid"].generate(seed, 0) for seed in seeds], OraclePolicy(), progress=False)
-    out = []
-    for t in trajs:
-        enc = tok.apply_chat_template(t.messages, tools=t.tools, tokenize=True, return_dict=True,
-                                      return_assistant_tokens_mask=True)
-        ids = torch.tensor(enc["input_ids"])
-        labels = torch.where(torch.tensor(enc["assistant_masks"], dtype=torch.bool), ids, torch.tensor(-100))
-        labels[0] = -100
-        out.append((ids, labels))
-    return out
-
-
 def test_a_shared_prefix_encoded_once_gives_the_same_loss_and_gradients(tiny_model_dir):
     """Three conversations of one family: the flattened row without the repeated system prompt and tool
     schemas is shorter by twice their common prefix, and its loss and gradients are the same."""
@@ -96,7 +80,7 @@ def test_a_shared_prefix_encoded_once_gives_the_same_loss_and_gradients(tiny_mod
     from apprentice.training.packing import compact_nll, share_prefix, use_varlen
 
     tok = load_tokenizer(tiny_model_dir, "compact")
-    items = _family_batch(tok)
+    items = _batch(tok)
     flat = _flat(items)
     shared, prefix = share_prefix(flat)
     first_supervised = min(int((lab != -100).nonzero()[0]) for _, lab in items)
@@ -124,7 +108,7 @@ def test_share_prefix_stops_before_a_supervised_token_and_leaves_unrelated_batch
     from apprentice.training.packing import share_prefix
 
     tok = load_tokenizer(tiny_model_dir, "compact")
-    (a, la), (b, lb) = _family_batch(tok, seeds=(0, 1))
+    (a, la), (b, lb) = _batch(tok, seeds=(0, 1))
     assert share_prefix(_flat([(a, la)]))[1] == 0  # one conversation
     # the same conversation twice: every token is common, but the second copy's targets must keep their loss
     _, prefix = share_prefix(_flat([(a, la), (a, la)]))
