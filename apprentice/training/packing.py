@@ -224,6 +224,15 @@ class PrefixGroupedSampler(Sampler[int]):
         return iter([i for batch in self.batches() for i in batch])
 
 
+def attention_of(model: Any) -> str:
+    """The attention implementation ``model`` runs (through PEFT and DDP-style wrappers). A shared prefix
+    is only attended by :func:`sdpa_varlen_forward`: flash-attention's varlen path would take the same
+    ``cu_seq_lens`` and silently let no segment see the prefix, so callers check this first."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    core = getattr(core, "module", core)
+    return str(getattr(getattr(core, "config", None), "_attn_implementation", "") or "")
+
+
 @contextlib.contextmanager
 def varlen_sdpa() -> Iterator[None]:
     """Route transformers' ``sdpa`` through :func:`sdpa_varlen_forward` for the duration, for a model whose
@@ -304,7 +313,11 @@ class SharedPromptScoring:
                                            compute_entropy: bool = False, compute_aux_loss: bool = False,
                                            **extra: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         parent: Any = super()
-        if not self.share_prompt or compute_aux_loss or any(v is not None for v in extra.values()):
+        # varlen_sdpa() routes ``sdpa`` only while this forward runs: a model on another attention, or one
+        # that recomputes its forward in the backward pass (gradient checkpointing), would attend without it
+        flat = (self.share_prompt and attention_of(model) == "sdpa"
+                and not getattr(model, "is_activation_checkpointing", False))
+        if not flat or compute_aux_loss or any(v is not None for v in extra.values()):
             return parent._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                              batch_size, compute_entropy, compute_aux_loss, **extra)
         size = batch_size or input_ids.size(0)

@@ -176,14 +176,15 @@ class ApprenticeSFTTrainer(SFTTrainer):
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        from apprentice.training.packing import compact_nll, share_prefix
+        from apprentice.training.packing import VARLEN, attention_of, compact_nll, share_prefix
 
         if return_outputs or getattr(self.args, "loss_type", "nll") != "nll" or self.label_smoother is not None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # accelerate puts mixed precision on ``model.forward`` (the Trainer leaves autocast to it);
         # compact_nll calls the backbone and the head directly, so it needs the context itself: without
         # it the bf16 setting trained in fp32 (4.2 ms per matmul against ~1 under autocast, AMX Xeon)
-        shared = share_prefix(inputs)[0] if self.share_prefix else inputs
+        # only sdpa_varlen attends a shared prefix (a model left on flash attention keeps whole sequences)
+        shared = share_prefix(inputs)[0] if self.share_prefix and attention_of(model) == VARLEN else inputs
         with self.accelerator.autocast():
             nll, st = compact_nll(model, shared)
         denom = st["n"] if num_items_in_batch is None else num_items_in_batch

@@ -88,3 +88,40 @@ def test_blocks_trl_did_not_build_are_left_to_trl_and_unrelated_prompts_share_no
     holes = mask.clone()
     holes[1, -K + 1] = 0  # a completion with a hole: not one run
     assert shared_prompt_row(ids, holes, K) is None
+
+
+@pytest.mark.parametrize("setup", ["eager", "checkpointing"])
+def test_a_model_that_would_attend_without_varlen_sdpa_is_scored_by_trl(tiny_model_dir, monkeypatch, setup):
+    """Another attention implementation would take the segments but not the shared prefix, and gradient
+    checkpointing recomputes the forward in backward, outside ``varlen_sdpa()``: both go to TRL."""
+    from trl import GRPOTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.training import packing
+    from apprentice.training.packing import SharedPromptScoring, attention_of, use_varlen
+
+    tok = load_tokenizer(tiny_model_dir, "compact")
+    ids, mask, K = _block(tok, [5, 7], 0)
+    model = load_model(tiny_model_dir, dtype="fp32")
+    assert attention_of(model) == "sdpa"
+    use_varlen(model)
+    assert attention_of(model) == "sdpa_varlen"
+    if setup == "eager":
+        model.set_attn_implementation("eager")
+    else:
+        model.set_attn_implementation("sdpa")
+        model.gradient_checkpointing_enable()
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+
+    class Scorer(SharedPromptScoring, GRPOTrainer):
+        pass
+
+    def refuse(*a, **k):
+        raise AssertionError("flattened although the model would not attend the shared prefix")
+
+    monkeypatch.setattr(packing, "shared_prompt_row", refuse)
+    scorer = object.__new__(Scorer)
+    scorer.accelerator = SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True)
+    logps, _, _ = scorer._get_per_token_logps_and_entropies(model, ids, mask, K, compute_entropy=True)
+    assert logps.shape == (2, K)
