@@ -314,6 +314,101 @@ def test_episodes_read_back_from_parquet_draft_every_turn_of_a_replay(chatty_pol
     assert pol.stats["drafted_rows"] == added
 
 
+def _parent_drafts(policy, specs, max_turns, batch_size, wrong):
+    """Play ``specs`` with ``policy`` (the parent) and return its episodes and a stand-in for
+    ``CachedHFPolicy._draft_ids`` that drafts each turn as the token ids the parent generated for that
+    prompt, with the first token changed in turn ``k`` (1-based) of problem ``i`` for ``(i, k)`` in
+    ``wrong``. Why not ``add_drafts`` alone: this random model's turns are text that re-tokenizes otherwise,
+    so a draft rendered by the chat template would never be the model's own turn."""
+    import numpy as np
+
+    parent = CachedHFPolicy.from_policy(policy)
+    generated: dict[tuple[int, ...], list[int]] = {}
+    run = parent._run
+
+    def recording(rows, *args, **kwargs):
+        out = run(rows, *args, **kwargs)
+        generated.update({tuple(r.tolist()): res[0] for r, res in zip(rows, out, strict=True)})
+        return out
+
+    parent._run = recording
+    episodes = run_episodes(specs, parent, max_turns=max_turns, batch_size=batch_size, progress=False)
+    firsts = [t.messages[1]["content"] for t in episodes]
+
+    def draft_ids(conversation, tools, prompt, max_new_tokens):
+        ids = generated.get(tuple(policy.tokenizer(prompt, add_special_tokens=False)["input_ids"]))
+        if ids is None:
+            return None
+        ids = np.asarray(ids, dtype=np.int64)
+        turn = 1 + sum(m["role"] == "assistant" for m in conversation)
+        if (firsts.index(conversation[1]["content"]), turn) in wrong:
+            ids[0] = (ids[0] + 1) % len(policy.tokenizer)
+        return ids
+
+    return episodes, draft_ids
+
+
+def _drafted(policy, episodes, draft_ids, cls=CachedHFPolicy):
+    pol = cls.from_policy(policy)
+    pol.add_drafts((t.messages, t.tools) for t in episodes)  # which conversations have a draft
+    pol._draft_ids = draft_ids
+    return pol
+
+
+def test_drafted_turns_play_ahead_and_the_turns_that_decode_share_calls(chatty_policy, monkeypatch):
+    """``CachedHFPolicy.replay`` in ``run_episodes``: an episode whose next turn a draft gives plays it
+    at once; one whose turn needs decoding waits (parked) until every live episode does, and they decode
+    together. Problems 0 and 2 have a wrong draft for turn 1, problems 1 and 3 for turn 3, two played
+    at a time: lock-step rounds decode in 4 calls (one for every round in which any row decodes), played
+    ahead in 2 (problem 1's turn 3 beside problem 0's turn 1, problem 3's beside problem 2's), and
+    every episode is the model's own."""
+    import apprentice.policies.hf_cached as engine
+
+    monkeypatch.setattr(engine, "DRAFT_MARGINS", {})  # the random model's near-ties: a right draft is accepted
+    monkeypatch.setattr(engine, "DRAFT_MARGIN_LOW_PRECISION", 0.0)
+    specs = _specs()
+    parent, draft_ids = _parent_drafts(chatty_policy, specs, 3, 2, {(0, 1), (1, 3), (2, 1), (3, 3)})
+    assert [t.turns for t in parent] == [3] * 4
+
+    class LockStep(CachedHFPolicy):
+        replays = False  # what run_episodes asks before it replays
+
+    ahead, lock = _drafted(chatty_policy, parent, draft_ids), _drafted(chatty_policy, parent, draft_ids, LockStep)
+    got = run_episodes(specs, ahead, max_turns=3, batch_size=2, progress=False)
+    got_lock = run_episodes(specs, lock, max_turns=3, batch_size=2, progress=False)
+    assert [t.messages for t in got] == [t.messages for t in got_lock] == [t.messages for t in parent]
+    assert ahead.stats["deferred_rows"] >= 4 and lock.stats["deferred_rows"] == 0  # each wrong draft
+    assert ahead.stats["decode_steps"] < lock.stats["decode_steps"]
+    assert ahead.stats["row_steps"] / ahead.stats["decode_steps"] > lock.stats["row_steps"] / lock.stats["decode_steps"]
+    # a finished episode's keys/values are released (CachedHFPolicy.release): the family prefixes remain
+    assert all(e.shared for e in ahead._store) and all(e.shared for e in lock._store) and ahead._store
+
+
+def test_replay_plays_only_what_a_draft_gives_whole_and_keeps_the_prompt_of_the_rest(chatty_policy, monkeypatch):
+    """``replay``: a conversation without a draft costs no call; a right draft is the turn ``act`` would
+    give; a wrong one gives None, and its prompt's keys/values stay for the call that decodes it."""
+    import apprentice.policies.hf_cached as engine
+
+    monkeypatch.setattr(engine, "DRAFT_MARGINS", {})
+    monkeypatch.setattr(engine, "DRAFT_MARGIN_LOW_PRECISION", 0.0)
+    specs = _specs()[:3]
+    parent, draft_ids = _parent_drafts(chatty_policy, specs, 1, 3, {(1, 1)})
+    pol = _drafted(chatty_policy, parent, draft_ids)
+    firsts = [t.messages[:2] for t in parent]
+    tools = [t.tools for t in parent]
+    assert pol.replay([[*firsts[0], {"role": "user", "content": "elsewhere"}]], tools[:1]) == [None]
+    assert pol.stats["calls"] == 0
+    ref = CachedHFPolicy.from_policy(chatty_policy).act(firsts, tools)  # no drafts
+    turns = pol.replay(firsts, tools)
+    assert turns[1] is None
+    assert [(t.raw, t.completion_tokens) for t in (turns[0], turns[2])] == [(t.raw, t.completion_tokens) for t in (ref[0], ref[2])]
+    assert pol.stats["calls"] == 1 and pol.stats["deferred_rows"] == 1 and pol.stats["decode_steps"] == 0
+    reused = pol.stats["reused_tokens"]
+    played = pol.act(firsts[1:2], tools[1:2])
+    assert played[0].raw == ref[1].raw
+    assert pol.stats["reused_tokens"] - reused == played[0].prompt_tokens - 1  # all of its prompt but the last token
+
+
 def test_a_draft_is_the_stored_turn_as_the_chat_template_writes_it(chatty_policy, tmp_path):
     """The draft of a stored tool call (the oracle's, read back from Parquet) is the template's rendering
     of it up to the end-of-turn token: decoded and parsed, the same tool call."""
