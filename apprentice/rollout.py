@@ -72,7 +72,6 @@ class _Episode:
     wall_s: float = 0.0
     error: str = ""  # the policy could not produce a turn: the episode failed (not a model outcome)
     context_turns: int = 0  # messages a replayed start (``starts``) left: context, not the policy's
-    parked: bool = False  # its next turn needs decoding: it waits for a round that decodes (policy.replay)
 
     def size(self) -> int:
         """Rough prompt length (characters) to group similar lengths into one batch."""
@@ -165,10 +164,7 @@ def run_episodes(
     ``max_turns`` > 0 caps every episode's own budget (``env.turn_budget()``). Each round makes
     one ``policy.act`` call for at most ``batch_size`` live episodes (fewer when the policy's optional
     ``live_rows(batch_size)`` says it holds fewer, asked every round); a finished episode's place goes
-    to the next waiting one, largest turn budget first (episode-level continuous batching). A policy
-    with drafts of these turns (``replays``, :meth:`~apprentice.policies.hf_cached.CachedHFPolicy.replay`)
-    plays the drafted turns ahead and the turns that need decoding together (see the loop).
-    ``seed`` seeds torch (sampling).
+    to the next waiting one, largest turn budget first (episode-level continuous batching). ``seed`` seeds torch (sampling).
     ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
     ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn
     completion (``max_completion_length``): generated tokens *plus* tool responses (counted with
@@ -199,11 +195,6 @@ def run_episodes(
     live_rows = getattr(policy, "live_rows", None)
     if not callable(live_rows):
         live_rows = None
-    # a policy holding drafts of these episodes' turns plays them ahead, the turns that need decoding together
-    replay = policy.replay if getattr(policy, "replays", False) is True else None  # type: ignore[attr-defined]
-    release = getattr(policy, "release", None)  # forget what finished episodes stored (CachedHFPolicy.release)
-    if not callable(release):
-        release = None
     fmt = getattr(policy, "tool_call_format", None) or DEFAULT_TOOL_CALL_FORMAT
     make_env = env_factory or _default_env
     rng_state = _seed_everything(seed)
@@ -250,28 +241,12 @@ def run_episodes(
                 break
             # Longest conversations first: similar lengths side by side (less padding per batch).
             live.sort(key=_Episode.size, reverse=True)
-            # Drafted turns ahead: while some live episode is not parked, a round replays the turns drafts
-            # give (CachedHFPolicy.replay) and parks the episodes whose turn needs decoding; once all are
-            # parked, one round decodes them together. Lock-step rounds had decoded the few rows without
-            # an accepted draft for up to max_new_tokens steps while the rest waited (RL-1's evaluation:
-            # 717 steps of 5.3 rows). Each episode plays the same turns either way: a turn depends only on
-            # its own conversation.
-            ahead = [e for e in live if not e.parked] if replay is not None else []
-            if ahead:
-                live = ahead
-            else:
-                for e in live:
-                    e.parked = False
-            turns: Sequence[Turn | None]
             try:
-                if ahead and replay is not None:
-                    turns = replay([e.messages for e in live], [e.tools for e in live])
-                else:
-                    turns = policy.act(
-                        [e.messages for e in live],
-                        [e.tools for e in live],
-                        contexts=[e.context for e in live] if wants_plan else None,
-                    )
+                turns = policy.act(
+                    [e.messages for e in live],
+                    [e.tools for e in live],
+                    contexts=[e.context for e in live] if wants_plan else None,
+                )
             except Exception as exc:
                 # keep what finished: the caller may save it and replay only the rest
                 exc.finished_episodes = [_trajectory(e, pid) for e in episodes  # type: ignore[attr-defined]
@@ -282,21 +257,14 @@ def run_episodes(
                     f"policy {pid} returned {len(turns)} turns for {len(live)} conversations; "
                     "Policy.act must return exactly one Turn per conversation"
                 )
-            ended = []
             for ep, turn in zip(live, turns, strict=True):
-                if turn is None:  # only replay leaves a turn unplayed
-                    ep.parked = True
-                    continue
                 _apply(ep, turn, fmt, require_tool_call, max_format_errors, episode_tokens, count_tokens)
                 gen_tokens += turn.completion_tokens
                 if ep.finished:
-                    ended.append(ep)
                     ep.wall_s = time.perf_counter() - t0
                     done += 1
                     successes += ep.env.get_reward() >= 1.0
                     bar.update(1)
-            if ended and release is not None:
-                release([e.messages for e in ended], [e.tools for e in ended])
             elapsed = max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(success=f"{successes}/{done}", tok_s=f"{gen_tokens / elapsed:.0f}")
     finally:

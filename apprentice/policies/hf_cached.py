@@ -108,13 +108,6 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _played(result: tuple[list[int], int] | None) -> tuple[list[int], int]:
-    """A row's result from a call that decodes every row (only :meth:`CachedHFPolicy.replay` defers)."""
-    if result is None:
-        raise RuntimeError("a row was deferred by a call that plays every row: a bug in CachedHFPolicy._decode")
-    return result
-
-
 PREFILL_CALL_COST = 48  # token-rows: a forward's fixed cost (weights read once) at prefill speed
 PREFILL_SWAP_COST = 4  # token-rows per row copied into and out of a sub-batch's cache
 
@@ -335,7 +328,7 @@ class CachedHFPolicy(HFPolicy):
         self.stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "drafted_rows": 0, "accepted_rows": 0,
                                         "draft_tokens_kept": 0, "prefill_tokens": 0, "prefill_slots": 0,
                                         "calls": 0, "parts": 0, "decode_steps": 0, "row_steps": 0,
-                                        "deferred_rows": 0, "prefill_s": 0.0, "decode_s": 0.0}
+                                        "prefill_s": 0.0, "decode_s": 0.0}
         self._drafts: dict[str, Message] = {}  # conversation (canonical JSON) -> its likely next turn (add_drafts)
         self._row_tokens = 0.0  # mean tokens a row of the last call stores (live_rows)
         self._pinned: dict[int, _Entry] = {}  # entries a running call's later parts reuse, by id (held: ids stay unique)
@@ -353,8 +346,6 @@ class CachedHFPolicy(HFPolicy):
         if s["drafted_rows"]:
             line += (f", drafts accepted {s['accepted_rows']:.0f} / {s['drafted_rows']:.0f} "
                      f"({s['draft_tokens_kept']:.0f} draft tokens kept)")
-        if s["deferred_rows"]:
-            line += f", {s['deferred_rows']:.0f} rows left to decode later (replay)"
         return line
 
     def live_rows(self, batch_size: int) -> int:
@@ -547,62 +538,8 @@ class CachedHFPolicy(HFPolicy):
         drafts = None
         if temperature == 0 and self._drafts:
             drafts = [self._draft_ids(c, t, p, max_new_tokens) for c, t, p in zip(convs, tools, prompts, strict=True)]
-        return [self._turn(r, *_played(res)) for r, res
+        return [self._turn(r, ids, reused) for r, (ids, reused)
                 in zip(rows, self._run(rows, temperature, top_p, max_new_tokens, drafts), strict=True)]
-
-    def release(self, conversations: list[list[Message]], tools: list[list[dict[str, Any]]]) -> None:
-        """Drop the keys/values stored for conversations that ended (the rollout's finished episodes):
-        no later call extends them. Why: eviction is least recently used first, and an episode parked
-        for a later decoding round (:meth:`replay`) is older than one that just finished, so without
-        this it was the parked one's keys/values the store dropped, to be encoded again. Shared
-        prefixes stay (other episodes of the family read them)."""
-        freed = 0
-        for c, t in zip(conversations, tools, strict=True):
-            text = self.tokenizer.apply_chat_template(c, tools=t or None, tokenize=False)
-            e, n = self._best(np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64))
-            # its own entry: the last call's prompt and reply, most of which the whole conversation repeats
-            if e is not None and not e.shared and id(e) not in self._pinned and 2 * n >= len(e.ids):
-                self._store.remove(e)
-                e.kv = []
-                freed += len(e.ids)
-        if freed * self.token_bytes > TRIM_BYTES:
-            modeling.trim_heap()
-
-    @property
-    def replays(self) -> bool:
-        """Whether :meth:`replay` can play anything: drafts are held and decoding is greedy."""
-        return bool(self._drafts) and self.temperature == 0
-
-    def replay(self, conversations: list[list[Message]], tools: list[list[dict[str, Any]]]) -> list[Turn | None]:
-        """The next turn of each conversation where a draft gives it whole (:meth:`add_drafts`, verified
-        in one prefill as :meth:`act` verifies it), else None: that turn needs decoding, and nothing of
-        it is played (its prompt's keys/values are stored for the call that plays it).
-
-        Why: rounds are lock-step, and a call lasts as long as its slowest row decodes. Where most rows
-        replay their parent's turns, each round decoded a handful of rows for up to ``max_new_tokens``
-        steps (RL-1's fp32 evaluation: 717 decode steps of 5.3 rows; a step at 5 rows costs ~60 % of one
-        at 24), while the others waited. :func:`apprentice.rollout.run_episodes` plays drafted turns
-        ahead with this and the turns that need decoding together, in full calls."""
-        out: list[Turn | None] = [None] * len(conversations)
-        if not self.replays:
-            return out
-        # a conversation without a draft costs nothing here: matched by its key before any rendering
-        have = [i for i, (c, t) in enumerate(zip(conversations, tools, strict=True))
-                if _conversation_key(c, t) in self._drafts]
-        for s in range(0, len(have), self.batch_size):
-            idx = have[s:s + self.batch_size]
-            prompts = [self.render(conversations[i], tools[i]) for i in idx]
-            drafts = [self._draft_ids(conversations[i], tools[i], p, self.max_new_tokens) for i, p in zip(idx, prompts, strict=True)]
-            idx = [i for i, d in zip(idx, drafts, strict=True) if d is not None]
-            if not idx:
-                continue
-            rows = [np.asarray(self.tokenizer(p, add_special_tokens=False)["input_ids"], dtype=np.int64)
-                    for p, d in zip(prompts, drafts, strict=True) if d is not None]
-            results = self._run(rows, 0.0, self.top_p, self.max_new_tokens, [d for d in drafts if d is not None], defer=True)
-            for i, r, res in zip(idx, rows, results, strict=True):
-                if res is not None:
-                    out[i] = self._turn(r, *res)
-        return out
 
     def complete_ids(self, prompts: list[list[int]], *, temperature: float | None = None, top_p: float | None = None,
                      max_new_tokens: int | None = None) -> list[list[int]]:
@@ -616,11 +553,11 @@ class CachedHFPolicy(HFPolicy):
         rows = [np.asarray(p, dtype=np.int64) for p in prompts]
         out: list[list[int]] = []
         for s in range(0, len(rows), self.batch_size):
-            out += [_played(res)[0] for res in self._run(rows[s:s + self.batch_size], temperature, top_p, max_new_tokens)]
+            out += [ids for ids, _ in self._run(rows[s:s + self.batch_size], temperature, top_p, max_new_tokens)]
         return out
 
     def _run(self, rows: list[np.ndarray], temperature: float, top_p: float, max_new_tokens: int,
-             drafts: list[np.ndarray | None] | None = None, defer: bool = False) -> list[tuple[list[int], int] | None]:
+             drafts: list[np.ndarray | None] | None = None) -> list[tuple[list[int], int]]:
         """(completion ids, reused prompt tokens) per row: :meth:`_decode` over the parts :meth:`_split` makes.
 
         While a part runs, the entries the parts after it will reuse are pinned: each part makes room
@@ -637,7 +574,7 @@ class CachedHFPolicy(HFPolicy):
             self._row_tokens = sum(len(r) for r in rows) / len(rows) + max_new_tokens + grown
         drafts = drafts if drafts is not None and temperature == 0 else [None] * len(rows)
         new = [len(r) - k + (len(d) - 1 if d is not None else 0) for r, k, d in zip(rows, reuse, drafts, strict=True)]
-        out: list[tuple[list[int], int] | None] = []
+        out: list[tuple[list[int], int]] = []
         parts = self._split(reuse, new, max_new_tokens)
         self.stats["calls"] += 1
         self.stats["parts"] += len(parts)
@@ -645,7 +582,7 @@ class CachedHFPolicy(HFPolicy):
             for a, b in parts:
                 self._pinned = {id(e): e for e, _ in matches[b:] if e is not None}  # what the parts after this reuse
                 # matches again: an earlier part may have freed entries
-                out += self._decode(rows[a:b], temperature, top_p, max_new_tokens, drafts[a:b], defer)
+                out += self._decode(rows[a:b], temperature, top_p, max_new_tokens, drafts[a:b])
         finally:
             self._pinned = {}
         self._evict()
@@ -659,15 +596,13 @@ class CachedHFPolicy(HFPolicy):
                     extra={"finish_reason": "length" if stop_at is None else "stop", "cached_tokens": reused})
 
     def _decode(self, rows: list[np.ndarray], temperature: float, top_p: float, max_new_tokens: int,
-                drafts: list[np.ndarray | None] | None = None,
-                defer: bool = False) -> list[tuple[list[int], int] | None]:
+                drafts: list[np.ndarray | None] | None = None) -> list[tuple[list[int], int]]:
         """One batched call: (completion ids, reused prompt tokens) per row, in the caller's order; every
         row's keys/values (prompt + completion) go into the store. A row with a draft (greedy only, see
         :meth:`add_drafts`) runs it in the prefill after its prompt; the draft is its completion when
         every draft token is the model's own confident argmax (:meth:`_verify`), else the row keeps the
         draft's tokens before the first that is not and decodes on from there, the rest of the draft's
-        columns masked out. With ``defer`` (:meth:`replay`) such a row does not decode: its result is
-        None and only its prompt's keys/values are stored, for the call that plays it later."""
+        columns masked out."""
         from transformers import StaticCache
 
         tok = self.tokenizer
@@ -741,7 +676,6 @@ class CachedHFPolicy(HFPolicy):
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         next_pos = torch.tensor([len(r) for r in rows], device=self.device)
         off = torch.zeros(B, dtype=torch.long, device=self.device)  # per row: completion tokens a draft gave
-        deferred = [False] * B  # rows left for a later call (defer): their prompt is stored, nothing else
         kv_rows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         cur = C
         # each row's first used column: decode steps read only from there (_grouped_sdpa)
@@ -770,11 +704,6 @@ class CachedHFPolicy(HFPolicy):
             if K:
                 logits, kept = self._verify(ids, pos, mask, cache, C, new_counts, drafts, K)
                 for i, (d, p) in enumerate(zip(drafts, kept, strict=True)):
-                    if defer and (d is None or p < len(d)):  # needs decoding: a later call plays it
-                        deferred[i], n_gen[i], done[i] = True, 0, True
-                        mask[i, C + S - extra[i]:C + S] = 0  # the draft's columns are not its context
-                        self.stats["deferred_rows"] += 1
-                        continue
                     if d is None:
                         continue
                     self.stats["drafted_rows"] += 1
@@ -800,8 +729,7 @@ class CachedHFPolicy(HFPolicy):
             width = cur + max_new_tokens // 2
             plan = decode_groups(first[by_first].tolist(), width)
             saved = B * (width - plan[0][2]) - sum((b - a) * (width - f) + GROUP_COST for a, b, f in plan[1:])
-            if (not bool(done.all()) and worth_reordering(saved, max_new_tokens // 2, B * total)
-                    and not bool((by_first == act).all())):  # not when no row decodes (drafts, replay)
+            if worth_reordering(saved, max_new_tokens // 2, B * total) and not bool((by_first == act).all()):
                 reindex(by_first)
                 logits = logits[by_first]
                 groups = plan
@@ -838,12 +766,8 @@ class CachedHFPolicy(HFPolicy):
             harvest(list(range(act.numel())))
             self.stats["decode_s"] += time.perf_counter() - t_decode
 
-        results: list[tuple[list[int], int] | None] = []
+        results: list[tuple[list[int], int]] = []
         for i, r in enumerate(rows):
-            if deferred[i]:  # the prompt without its last token (harvest): that one runs again for its logits
-                self._store.append(_Entry(ids=r[:-1], kv=kv_rows[i], used=time.monotonic()))
-                results.append(None)
-                continue
             gen_ids = out[i, :n_gen[i]].tolist()
             self._store.append(_Entry(ids=np.concatenate([r, np.asarray(gen_ids[:-1], dtype=np.int64)]),
                                       kv=kv_rows[i], used=time.monotonic()))
