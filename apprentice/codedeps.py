@@ -9,7 +9,7 @@ packages; the transitive closure is what the stage can execute. Modules loaded b
 (the built-in environment families, plugins) are covered by listing their package directory whole
 (:data:`WHOLE_PACKAGES`).
 
-The same closure feeds the DVC stage deps (:mod:`apprentice.dvcgen`) and the code part of the
+The same closure feeds the DVC stage deps (:mod:`apprentice.ops.dvcgen`) and the code part of the
 stages' own skip-fingerprints (:func:`digest`), so the plain CLI and ``dvc repro`` agree on what
 "the code changed" means.
 """

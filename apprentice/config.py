@@ -356,7 +356,7 @@ class CurriculumConfig(Section):
 
 
 class LoopConfig(Section):
-    """How iteration k > 1 trains SFT (issue L; :mod:`apprentice.loop`, docs/experiments.md L)."""
+    """How iteration k > 1 trains SFT (issue L; :mod:`apprentice.training.loop_rules`, docs/experiments.md L)."""
 
     rule: Literal["continue", "restart", "self", "repair"] = Field(
         "continue", description="continue: from the champion at a lower learning rate with replay; restart: from "
@@ -377,7 +377,7 @@ class LoopConfig(Section):
 
 
 class RayConfig(Section):
-    """Ray cluster for ``rollout.engine: ray`` (apprentice/distributed.py). Where episodes run, never
+    """Ray cluster for ``rollout.engine: ray`` (apprentice/infra/distributed.py). Where episodes run, never
     what they compute: greedy results are identical to ``local``."""
 
     address: str = Field("local", description="'local' starts a private Ray instance for the call; 'auto' joins "
@@ -394,7 +394,7 @@ class RayConfig(Section):
 
 
 class GPUConfig(Section):
-    """The GPU path (apprentice/gpu.py, profile ``gpu``): vLLM generation and multi-GPU launch."""
+    """The GPU path (apprentice/infra/gpu.py, profile ``gpu``): vLLM generation and multi-GPU launch."""
 
     use_vllm: bool = Field(False, description="TRL use_vllm for GRPO and distillation generation (needs the gpu extra).")
     vllm_mode: Literal["colocate", "server"] = Field("colocate", description="colocate: vLLM shares the "
@@ -402,7 +402,7 @@ class GPUConfig(Section):
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="GPU share vLLM may take (colocate).")
     launcher: Literal["none", "accelerate"] = Field("none", description="How training stages start: in-process "
                                                      "or `accelerate launch` with accelerate_config.")
-    accelerate_config: Literal["zero3", "fsdp"] = Field("zero3", description="apprentice/accelerate/<name>.yaml")
+    accelerate_config: Literal["zero3", "fsdp"] = Field("zero3", description="apprentice/infra/accelerate/<name>.yaml")
     num_processes: int = Field(1, ge=1, description="GPUs (processes) accelerate launches.")
 
 class EnvsConfig(Section):

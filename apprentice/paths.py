@@ -15,7 +15,7 @@ from pathlib import Path
 DEFAULT_BASE = "models/base"
 TINY_BASE = "models/tiny"
 BUILT_BASES = (DEFAULT_BASE, TINY_BASE)
-#: DVCLive's folder inside a training stage's work dir, then inside its model folder (:mod:`apprentice.curves`).
+#: DVCLive's folder inside a training stage's work dir, then inside its model folder (:mod:`apprentice.training.curves`).
 DVCLIVE_DIR = "dvclive"
 
 
@@ -250,6 +250,6 @@ def eval_jsons(eval_dir: Path) -> list[Path]:
 def failures_file(output: Path) -> Path:
     """``<output>.failures.jsonl`` beside an episode table (and beside its shard folder): one JSON line
     per episode that failed after its retries (problem id, family, level, sample, last error), written
-    by :func:`apprentice.shards.run_sharded` whenever a run leaves failures and removed when none are
+    by :func:`apprentice.rollout.shards.run_sharded` whenever a run leaves failures and removed when none are
     left. Not a DVC output: it describes a run, not the table."""
     return Path(output).with_suffix(".failures.jsonl")

@@ -7,7 +7,7 @@ the flow's task list, the CLI's verbs, one task module per stage). Now a stage i
 :data:`STAGES`. From the registry derive:
 
 * the CLI verbs (``python -m apprentice <name>``, :mod:`apprentice.__main__`);
-* ``dvc.yaml`` (:mod:`apprentice.dvcgen`): command, code deps, params per key, data deps, outs,
+* ``dvc.yaml`` (:mod:`apprentice.ops.dvcgen`): command, code deps, params per key, data deps, outs,
   metrics and plots, one DVC stage per model for a per-model stage;
 * the Prefect tasks (one factory, :func:`tasks.stage_task`, with the stage's retries) and the flow's
   stage order (:data:`STAGES` order: once-stages first, then one iteration's stages);
@@ -218,58 +218,58 @@ def _report_artifacts(p: Paths) -> list[Path]:
 #: Every stage, in the flow's order. Adding a stage: its module in apprentice/stages/ + one entry here.
 STAGES: tuple[Stage, ...] = (
     Stage("prepare-base", "apprentice.stages.prepare_base", params=("model", "pipeline.seed"),
-          code=("apprentice/modeling.py",), per_iteration=False),
+          code=("apprentice/lm/modeling.py",), per_iteration=False),
     Stage("benchmark", "apprentice.stages.benchmark", params=("benchmark", "synth.families", "synth.levels"),
-          code=("apprentice/envs", "apprentice/trajectories.py"), per_iteration=False, builds_envs=True,
+          code=("apprentice/envs", "apprentice/data/trajectories.py"), per_iteration=False, builds_envs=True,
           io=lambda w: IO(outs=[w.paths.benchmark], metrics=[NoCache(w.paths.benchmark_record)]),
           results=lambda p: [p.benchmark_record]),
     Stage("synth", "apprentice.stages.synth",
           params=("synth", "pipeline.seed", "promote.candidate",  # + the sampler settings synth.sampler uses
                   *(f"curriculum.{k}" for k in ("p_star", "band", "hard_threshold", "easy_threshold", "replay_share",
                                                 "infeasible_share", "min_attempts", "seed"))),
-          code=("apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/trajectories.py",
-                "apprentice/difficulty.py", "apprentice/curriculum"),
+          code=("apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/data/trajectories.py",
+                "apprentice/curriculum/difficulty.py", "apprentice/curriculum"),
           io=_synth, builds_envs=True),
     Stage("evolve", "apprentice.stages.evolve", params=("curriculum.evolve",),
-          code=("apprentice/envs", "apprentice/trajectories.py"), io=_evolve, builds_envs=True,
+          code=("apprentice/envs", "apprentice/data/trajectories.py"), io=_evolve, builds_envs=True,
           results=lambda p: [p.evolve_record]),
     Stage("teacher-rollout", "apprentice.stages.rollout", params=("rollout", "pipeline.seed"),
-          code=("apprentice/rollout.py", "apprentice/policies", "apprentice/envs", "apprentice/templates"),
+          code=("apprentice/rollout/episodes.py", "apprentice/policies", "apprentice/envs", "apprentice/templates"),
           io=_rollout, retries=ROLLOUT_RETRIES, builds_envs=True, aliases=("rollout",)),
     Stage("validate", "apprentice.stages.validate", params=("validate",),
-          code=("apprentice/gates.py", "expectations"), io=_validate, builds_envs=True,
+          code=("apprentice/gate/", "expectations"), io=_validate, builds_envs=True,
           results=lambda p: [p.gate_record], artifacts=lambda p: [p.gate_html, p.gate_record]),
     Stage("loop-data", "apprentice.stages.loop_data",
           params=("pipeline.seed", "sft.learning_rate"),
           later_params=("loop", "model", "rollout.teacher", "rollout.max_turns",
                         "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
                         "validate.max_message_chars"),
-          code=("apprentice/gates.py", "expectations", "apprentice/rollout.py", "apprentice/policies", "apprentice/envs",
+          code=("apprentice/gate/", "expectations", "apprentice/rollout/episodes.py", "apprentice/policies", "apprentice/envs",
                 "apprentice/templates"),
           io=_loop_data, builds_envs=True, results=lambda p: [p.loop_record], tags=("rule", "start")),
     Stage("sft", "apprentice.stages.sft",
           params=("sft", "model", "pipeline.seed"), later_params=("loop.rule", "loop.lr_factor", "loop.warmup_steps"),
-          code=("apprentice/training", "apprentice/modeling.py", "apprentice/templates", "apprentice/trajectories.py"),
+          code=("apprentice/training", "apprentice/lm/modeling.py", "apprentice/templates", "apprentice/data/trajectories.py"),
           io=_sft, results=lambda p: [p.sft_start], tags=("start_model.",), curve="sft"),
     Stage("rl", "apprentice.stages.rl",
           params=("rl", "curriculum", "model", "pipeline.seed",  # + the probe's generation settings
                   "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
                   "curriculum.evolve.feed"),  # the generation scheduler's feed of evolved problems
-          code=("apprentice/training", "apprentice/modeling.py", "apprentice/rollout.py", "apprentice/envs",
+          code=("apprentice/training", "apprentice/lm/modeling.py", "apprentice/rollout/episodes.py", "apprentice/envs",
                 "apprentice/templates", "apprentice/curriculum"),
           io=_rl, builds_envs=True, curve="rl"),
     Stage("distill", "apprentice.stages.distill", params=("distill", "model", "pipeline.seed"),
-          code=("apprentice/training", "apprentice/modeling.py", "apprentice/templates"),
+          code=("apprentice/training", "apprentice/lm/modeling.py", "apprentice/templates"),
           io=_distill, builds_envs=True, curve="student"),
     Stage("evaluate", "apprentice.stages.evaluate", params=("evaluate", "model", "pipeline.seed"),
-          code=("apprentice/shards.py", "apprentice/evaluation.py", "apprentice/rollout.py",
+          code=("apprentice/rollout/shards.py", "apprentice/evaluation/metrics.py", "apprentice/rollout/episodes.py",
                 "apprentice/policies", "apprentice/envs", "apprentice/templates"),
           io=_evaluate, models=EVAL_POLICIES, model_io=_evaluate_model, retries=ROLLOUT_RETRIES, builds_envs=True,
           results=lambda p: [p.eval_metrics(m) for m in EVAL_POLICIES]),
     Stage("promote", "apprentice.stages.promote", params=("promote", "model.base"),
-          code=("apprentice/lineage.py", "apprentice/evaluation.py", "apprentice/gates.py"), io=_promote,
+          code=("apprentice/ops/lineage.py", "apprentice/evaluation/metrics.py", "apprentice/gate/"), io=_promote,
           results=lambda p: [p.promotion], tags=("champion.",), artifacts=lambda p: [p.promotion]),
-    Stage("report", "apprentice.stages.report", code=("apprentice/report_html.py",), io=_report,
+    Stage("report", "apprentice.stages.report", code=("apprentice/ops/report_html.py",), io=_report,
           artifacts=_report_artifacts, results=lambda p: [p.drift_record]),
     Stage("evaluate-all", "apprentice.stages.evaluate_all", in_pipeline=False),
 )
@@ -300,7 +300,7 @@ def iteration_stages() -> list[str]:
 
 def curve_dir(paths: Paths, stage: Stage) -> Path:
     """A training stage's DVCLive folder (``models/iter_k/<curve>/dvclive``): DVC plots and metrics,
-    and MLflow's step metrics (:mod:`apprentice.curves`)."""
+    and MLflow's step metrics (:mod:`apprentice.training.curves`)."""
     assert stage.curve, f"stage {stage.name} trains no model"
     return paths.models / stage.curve / DVCLIVE_DIR
 

@@ -40,11 +40,11 @@ class HeldoutEvery(TrainerCallback):
 
 def main() -> None:
     from apprentice.config import load_config
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.data.trajectories import read_parquet, to_sft_records
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.paths import Paths
     from apprentice.training.heldout import heldout_nll
     from apprentice.training.sft import train_sft
-    from apprentice.trajectories import read_parquet, to_sft_records
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)

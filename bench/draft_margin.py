@@ -15,11 +15,11 @@ import argparse
 
 import torch
 
-from apprentice import modeling
 from apprentice.envs import FAMILIES
+from apprentice.lm import modeling
 from apprentice.policies.hf import HFPolicy
 from apprentice.policies.oracle import OraclePolicy
-from apprentice.rollout import run_episodes
+from apprentice.rollout.episodes import run_episodes
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Prints, in one run (A-B-B-A order, so drift on a shared machine hits both sides alike):
 
 1. the machine (CPU model, AMX / AVX512-BF16 flags, threads) and what ``dtype: auto`` resolves to here
-   (:mod:`apprentice.dtypes`: a measured probe, cached per machine);
+   (:mod:`apprentice.lm.dtypes`: a measured probe, cached per machine);
 2. **generation**: the rollout engine (KV reuse across turns) on the same multi-turn episodes, greedy,
    in each dtype: tokens/s, and how many episodes took the same actions in both;
 3. **SFT**: the stage's trainer for ``--steps`` steps on the default profile's SFT set, in each dtype:
@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from train_throughput import sft_records, train  # noqa: E402
 
-from apprentice import dtypes  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
-from apprentice.modeling import load_tokenizer  # noqa: E402
+from apprentice.lm import dtypes  # noqa: E402
+from apprentice.lm.modeling import load_tokenizer  # noqa: E402
 
 SFT_LOSS_REL_TOL = 0.02
 SAME_ACTIONS_MIN = 0.75
@@ -47,7 +47,7 @@ def generation(model_dir: str, dtype: str, n: int, max_new_tokens: int) -> dict[
     from apprentice.envs import FAMILIES
     from apprentice.policies.hf import HFPolicy
     from apprentice.policies.hf_cached import CachedHFPolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     specs = [FAMILIES[f].generate(1000 + i, i % 3) for i in range(n // 2) for f in ("grid", "search")]
     pol = CachedHFPolicy.from_policy(HFPolicy(model_dir, max_new_tokens=max_new_tokens, batch_size=n, dtype=dtype))

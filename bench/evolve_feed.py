@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from apprentice.config import load_config
     from apprentice.curriculum import feed_generations
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.paths import Paths
     from apprentice.stages import evolve
     from apprentice.stages import rl as rl_stage

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from apprentice.config import Config  # noqa: E402
 from apprentice.curriculum import SAMPLERS  # noqa: E402
-from apprentice.difficulty import (  # noqa: E402
+from apprentice.curriculum.difficulty import (  # noqa: E402
     DifficultyPredictor,
     calibration,
     detection_rates,
@@ -44,11 +44,11 @@ from apprentice.difficulty import (  # noqa: E402
     reliability_plot,
     residual_flags,
 )
+from apprentice.data.trajectories import read_parquet, specs_of  # noqa: E402
 from apprentice.envs import FAMILIES, ProblemSpec  # noqa: E402
 from apprentice.envs.evolve import abilities_of, direction_scores, hardness, noisy_oracle_episode  # noqa: E402
 from apprentice.paths import Paths  # noqa: E402
 from apprentice.stages import evolve as evolve_stage  # noqa: E402
-from apprentice.trajectories import read_parquet, specs_of  # noqa: E402
 
 
 def _png(spec: dict, path: Path) -> None:
@@ -99,7 +99,7 @@ def predictor(args, ref: pd.DataFrame, specs: dict[str, ProblemSpec]) -> tuple[d
     if args.entropy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from apprentice.difficulty import token_entropy
+        from apprentice.curriculum.difficulty import token_entropy
 
         tok = AutoTokenizer.from_pretrained(args.entropy)
         model = AutoModelForCausalLM.from_pretrained(args.entropy)

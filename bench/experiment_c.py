@@ -108,7 +108,7 @@ def build_models(root: Path, tok_dir: str, teacher_steps: int, student_steps: in
     """SFT a tiny model on oracle episodes (logits only at assistant tokens: TRL-CPU-NOTES Q6 measured
     this loop 6-13x faster than TRL SFT for a 49k vocabulary); save the checkpoint at ``student_steps``
     as the student and the one at ``teacher_steps`` as the teacher. Cached in ``root``."""
-    from apprentice.modeling import load_model, load_tokenizer, make_tiny_model, save_model
+    from apprentice.lm.modeling import load_model, load_tokenizer, make_tiny_model, save_model
 
     t_dir, s_dir = root / "teacher", root / "student"
     info_file = root / "models.json"
@@ -162,9 +162,9 @@ def build_models(root: Path, tok_dir: str, teacher_steps: int, student_steps: in
 
 
 def evaluate(model_dir: str, tok_dir: str, eval_specs: list[ProblemSpec]) -> dict:
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.policies.hf import HFPolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     pol = HFPolicy(load_model(model_dir), load_tokenizer(tok_dir), temperature=0.0, max_new_tokens=36,
                    dtype="fp32", batch_size=64)
@@ -178,7 +178,7 @@ def evaluate(model_dir: str, tok_dir: str, eval_specs: list[ProblemSpec]) -> dic
 def run_variant(name: str, a: dict) -> dict:
     torch.set_num_threads(1)  # tiny models on a shared box: 1 thread is several times faster than 2
     from apprentice.config import Config
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training.common import MetricsCallback, read_metrics
     from apprentice.training.opd import VARIANTS
     from apprentice.training.opd.trainer import make_trainer
@@ -206,7 +206,7 @@ def run_variant(name: str, a: dict) -> dict:
     trainer.train()
     train_s = time.time() - t0
     final = out / "model"
-    from apprentice.modeling import save_model
+    from apprentice.lm.modeling import save_model
 
     save_model(trainer.accelerator.unwrap_model(trainer.model), tok, final)
     ev = evaluate(str(final), a["tok_dir"], specs(a["eval"], 50_000, a["length"]))
@@ -333,7 +333,7 @@ def main() -> None:
     torch.set_num_threads(1)
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    from apprentice.modeling import smol_tokenizer_dir
+    from apprentice.lm.modeling import smol_tokenizer_dir
 
     tok_dir = args.tokenizer or str(smol_tokenizer_dir(root / "cache"))
     if args.teacher and args.student:

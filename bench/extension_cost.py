@@ -112,7 +112,7 @@ def add_stage(wt: Path) -> None:
     (wt / "apprentice/stages/hello.py").write_text(STAGE)
     _insert(wt / "apprentice/pipeline.py", '    Stage("evaluate-all"', STAGE_ENTRY)
     py = sys.executable
-    _run([py, "-m", "apprentice.dvcgen"], wt)
+    _run([py, "-m", "apprentice.ops.dvcgen"], wt)
     _run([py, "-m", "apprentice", "hello", "--params", "params.yaml", "--root", str(wt / "_w"), "--iter", "1"], wt)
     _run([py, "-c", "import yaml; from tasks.stages import stage_task; from flows.self_improve import stage_order;"
           "assert 'hello-1' in yaml.safe_load(open('dvc.yaml'))['stages'];"

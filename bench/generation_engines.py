@@ -43,13 +43,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from rollout import NaivePolicy, actions, problems  # noqa: E402  (bench/rollout.py)
 
-from apprentice import modeling  # noqa: E402
 from apprentice.envs import FAMILIES  # noqa: E402
+from apprentice.lm import modeling  # noqa: E402
 from apprentice.policies.base import Message, Turn  # noqa: E402
 from apprentice.policies.hf import HFPolicy  # noqa: E402
 from apprentice.policies.hf_cached import CachedHFPolicy, _Entry  # noqa: E402
 from apprentice.policies.toolcalls import parse_assistant  # noqa: E402
-from apprentice.rollout import run_episodes  # noqa: E402
+from apprentice.rollout.episodes import run_episodes  # noqa: E402
 
 
 class GenerateKVPolicy(CachedHFPolicy):

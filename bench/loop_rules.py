@@ -43,7 +43,7 @@ def champion_rows(pipe: Path, iterations: int) -> list[dict]:
     the default profile, so neither the experiment's commit nor its DVC cache holds them)."""
     import pandas as pd
 
-    from apprentice.evaluation import paired_test, summarize
+    from apprentice.evaluation.metrics import paired_test, summarize
 
     rows, prev = [], None
     for k in range(1, iterations + 1):
@@ -78,8 +78,8 @@ def champion_rows(pipe: Path, iterations: int) -> list[dict]:
 
 def rewind_registry(pipe: Path, keep: int) -> list[str]:
     """The registry as iteration ``keep`` left it (its promotion record names the champion); no-op before it ran."""
-    from apprentice import lineage
     from apprentice.config import load_config
+    from apprentice.ops import lineage
 
     record = pipe / "reports" / f"iter_{keep}" / "promotion.json"
     if not record.is_file():

@@ -45,13 +45,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from apprentice import modeling  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
 from apprentice.envs import FAMILIES  # noqa: E402
+from apprentice.lm import modeling  # noqa: E402
 from apprentice.policies.base import Turn  # noqa: E402
 from apprentice.policies.hf_cached import CachedHFPolicy  # noqa: E402
 from apprentice.policies.toolcalls import parse_assistant  # noqa: E402
-from apprentice.rollout import run_episodes  # noqa: E402
+from apprentice.rollout.episodes import run_episodes  # noqa: E402
 from apprentice.stages.synth import plan  # noqa: E402
 
 

@@ -52,7 +52,7 @@ def prepare(work: Path, profile: str, env: dict[str, str]) -> Path:
     sh(["git", "clone", "-q", str(REPO), str(work)], REPO, env)
     (work / ".venv").symlink_to(REPO / ".venv")
     git = ["git", "-c", "user.name=sweep", "-c", "user.email=sweep@localhost"]
-    sh([sys.executable, "-m", "apprentice.dvcgen", "--profile", profile], work, env)
+    sh([sys.executable, "-m", "apprentice.ops.dvcgen", "--profile", profile], work, env)
     pipe = work if profile == "default" else work / "runs" / profile
     if profile == "default" and (REPO / "models" / "base" / "config.json").exists():
         shutil.copytree(REPO / "models" / "base", work / "models" / "base")
@@ -114,7 +114,7 @@ def paired_vs_baseline(rows: list[dict], pipe: Path, prefix: str) -> None:
     import dvc.api
     import pandas as pd
 
-    from apprentice.evaluation import paired_test
+    from apprentice.evaluation.metrics import paired_test
 
     def table_of(rev: str) -> pd.DataFrame | None:
         repo = pipe.parents[1] if prefix else pipe  # runs/<profile>/ lives two levels below the repo

@@ -16,10 +16,10 @@ import statistics as st
 import sys
 import time
 
-from apprentice import sandbox as sb
 from apprentice.envs import FAMILIES, ToolCall
+from apprentice.infra import sandbox as sb
 from apprentice.policies.oracle import OraclePolicy
-from apprentice.rollout import run_episodes
+from apprentice.rollout.episodes import run_episodes
 
 
 def pct(xs: list[float], q: float) -> float:

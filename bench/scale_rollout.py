@@ -30,9 +30,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-from apprentice import distributed  # noqa: E402
 from apprentice.config import RayConfig  # noqa: E402
 from apprentice.envs import FAMILIES  # noqa: E402
+from apprentice.infra import distributed  # noqa: E402
 
 
 class Factory:

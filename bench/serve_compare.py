@@ -1,4 +1,4 @@
-"""Serving, side by side in one run: ``python -m apprentice.serve`` vs ``transformers serve``.
+"""Serving, side by side in one run: ``python -m apprentice.infra.serve`` vs ``transformers serve``.
 
 Both serve the same model folder on this machine; the same conversations (a grid episode's first
 turn with its tool schema, prompts of varied length) go to each at the same concurrency, greedy,
@@ -115,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(args.logs)
     results = []
     port = free_port()
-    ours = start([sys.executable, "-m", "apprentice.serve", "--model", model, "--port", str(port),
+    ours = start([sys.executable, "-m", "apprentice.infra.serve", "--model", model, "--port", str(port),
                   "--batch-size", str(args.concurrency), "--max-new-tokens", str(args.max_tokens)],
                  port, logs / "serve_ours.log")
     try:
-        results.append(measure("apprentice.serve (micro-batched)", port, "m", args.requests, args.concurrency,
+        results.append(measure("apprentice.infra.serve (micro-batched)", port, "m", args.requests, args.concurrency,
                                args.max_tokens))
     finally:
         ours.terminate()
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"transformers serve parses tool calls for this model: {hf_parses_tool_calls(model)}")
     if len(results) > 1:
         for r in results[1:]:
-            print(f"throughput ratio apprentice.serve / {r['server']}: {results[0]['tok_per_s'] / max(r['tok_per_s'], 1e-9):.2f}x")
+            print(f"throughput ratio apprentice.infra.serve / {r['server']}: {results[0]['tok_per_s'] / max(r['tok_per_s'], 1e-9):.2f}x")
     return 0
 
 

@@ -21,7 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from apprentice.modeling import load_model, load_tokenizer  # noqa: E402
+from apprentice.data.trajectories import read_parquet, to_sft_records  # noqa: E402
+from apprentice.lm.modeling import load_model, load_tokenizer  # noqa: E402
 from apprentice.stages.distill import calibration_batches  # noqa: E402
 from apprentice.training.student import (  # noqa: E402
     block_influence,
@@ -32,7 +33,6 @@ from apprentice.training.student import (  # noqa: E402
     num_params,
     prune_layers,
 )
-from apprentice.trajectories import read_parquet, to_sft_records  # noqa: E402
 
 
 @torch.no_grad()

@@ -40,12 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the JSON result here")
     args = p.parse_args(argv)
 
-    from apprentice import difficulty
     from apprentice.config import load_config
-    from apprentice.evaluation import wilson_interval
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.curriculum import difficulty
+    from apprentice.evaluation.metrics import wilson_interval
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.policies.hf_cached import CachedHFPolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
     from apprentice.stages import synth
 
     cfg = load_config(args.params, overrides=[

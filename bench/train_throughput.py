@@ -48,11 +48,11 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from apprentice.config import load_config  # noqa: E402
-from apprentice.modeling import load_model, load_tokenizer  # noqa: E402
+from apprentice.data.trajectories import read_parquet, to_sft_records  # noqa: E402
+from apprentice.lm.modeling import load_model, load_tokenizer  # noqa: E402
 from apprentice.paths import Paths  # noqa: E402
 from apprentice.training import sft as sft_mod  # noqa: E402
 from apprentice.training.packing import use_varlen  # noqa: E402
-from apprentice.trajectories import read_parquet, to_sft_records  # noqa: E402
 
 
 def sft_records(cfg: Any, data: str) -> list[dict[str, Any]]:

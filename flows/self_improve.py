@@ -38,8 +38,9 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from prefect import flow  # noqa: E402
 
-from apprentice import dvcgen, lineage, pipeline, runlock  # noqa: E402
+from apprentice import pipeline  # noqa: E402
 from apprentice.config import load_config  # noqa: E402
+from apprentice.ops import dvcgen, lineage, runlock  # noqa: E402
 from apprentice.paths import Paths  # noqa: E402
 from tasks import failures, parallel  # noqa: E402
 from tasks._dvc import StageContext, stage_env  # noqa: E402

@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-0}" TOKENIZERS_PARALLELISM=false DO_NOT
 ROOT="${SMOKE_ROOT:-runs/gpu-smoke}"
 MODEL="${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}"
 mkdir -p "$ROOT"
-"$PY" -m apprentice.gpu check --profile gpu || exit 1
+"$PY" -m apprentice.infra.gpu check --profile gpu || exit 1
 
 SHORT=(--profile gpu --root "$ROOT" --set "model.base=$MODEL" --set synth.n_train=64 --set synth.n_eval=32
        --set sft.max_steps=20 --set sft.save_steps=20 --set rl.max_steps=4 --set rl.save_steps=4
@@ -20,11 +20,11 @@ nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 1 >"$MEM_LOG
 SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 
-run() {  # run <stage> [args...]: time it; training stages go through `accelerate launch` (apprentice.gpu)
+run() {  # run <stage> [args...]: time it; training stages go through `accelerate launch` (apprentice.infra.gpu)
   local stage=$1; shift
   local t0; t0=$(date +%s.%N)
   if [[ $stage == sft || $stage == rl ]]; then
-    read -r -a CMD <<<"$("$PY" -m apprentice.gpu launch "$stage" --profile gpu)"
+    read -r -a CMD <<<"$("$PY" -m apprentice.infra.gpu launch "$stage" --profile gpu)"
     "${CMD[@]}" "${SHORT[@]:2}" "$@"
   else
     "$PY" -m apprentice "$stage" "${SHORT[@]}" "$@"

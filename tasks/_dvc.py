@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from apprentice import dvcgen, lineage
 from apprentice import pipeline as registry
+from apprentice.ops import dvcgen, lineage
 from apprentice.paths import Paths
 from tasks.failures import StageFailed, StageNotRetryable, stage_failed
 

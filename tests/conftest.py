@@ -35,7 +35,7 @@ import pytest  # noqa: E402
 def smol_tokenizer_dir(request) -> str:
     """SmolLM2 tokenizer folder (compact tool template), extracted from the GGUF once and kept in
     pytest's cache dir (~7 s the first time, ~0.4 s to load afterwards)."""
-    from apprentice.modeling import smol_tokenizer_dir as _extract
+    from apprentice.lm.modeling import smol_tokenizer_dir as _extract
 
     return str(_extract(request.config.cache.mkdir("apprentice-models")))
 
@@ -43,7 +43,7 @@ def smol_tokenizer_dir(request) -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir(smol_tokenizer_dir, tmp_path_factory) -> str:
     """A random 2-layer, hidden-64 LlamaForCausalLM with the SmolLM vocabulary + tokenizer (seed 0)."""
-    from apprentice.modeling import load_tokenizer, make_tiny_model
+    from apprentice.lm.modeling import load_tokenizer, make_tiny_model
 
     tok = load_tokenizer(smol_tokenizer_dir)
     return str(make_tiny_model(tok, tmp_path_factory.mktemp("tiny") / "model", hidden=64, layers=2, seed=0))

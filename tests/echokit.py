@@ -53,9 +53,9 @@ def config(tiny: str, **sections) -> Config:
 def write_data(paths: Paths, n: int = 4) -> None:
     """problems.parquet + sft.parquet (oracle trajectories) for the echo environment, and the set SFT
     trains on (train.parquet: what the loop-data stage writes in iteration 1)."""
+    from apprentice.data.trajectories import problems_frame, trajectories_frame, write_parquet
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
-    from apprentice.trajectories import problems_frame, trajectories_frame, write_parquet
+    from apprentice.rollout.episodes import run_episodes
 
     specs = [EchoEnv.make_spec(i, {"length": 1 + i % 2}) for i in range(n)]
     problems = problems_frame(specs, [i % 2 for i in range(n)], "train")
@@ -64,10 +64,10 @@ def write_data(paths: Paths, n: int = 4) -> None:
     assert all(t.success for t in trajs)
     write_parquet(trajectories_frame(trajs), paths.sft_data)
     from apprentice import (
-        gates,  # the gate record sft/distill require (oracle episodes: clean by construction)
+        gate,  # the gate record sft/distill require (oracle episodes: clean by construction)
     )
 
-    gates.write_reports([], paths.reports / "gate.html", paths.gate_record, "fixture", sft_path=paths.sft_data)
+    gate.write_reports([], paths.reports / "gate.html", paths.gate_record, "fixture", sft_path=paths.sft_data)
     from apprentice.config import Config
     from apprentice.stages import loop_data
 

@@ -2,7 +2,7 @@
 
 Terminal agents are the largest family of tool-using agents in the field's research, and their
 actions are arbitrary commands: every episode therefore runs in its own container
-(:mod:`apprentice.sandbox`: no network, read-only root, small tmpfs work dir, non-root, memory / CPU /
+(:mod:`apprentice.infra.sandbox`: no network, read-only root, small tmpfs work dir, non-root, memory / CPU /
 pids limits, per-command timeout, truncated output). Nothing an agent types reaches the host.
 
 A problem is 1-3 *subtasks*, each generated from the spec's seed (Python computes the expected
@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from apprentice.envs import register
 from apprentice.envs._text import as_text, clip
 from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
-from apprentice.sandbox import Sandbox, SandboxError
+from apprentice.infra.sandbox import Sandbox, SandboxError
 
 SERVICES = ("auth", "billing", "cache", "gateway", "mailer", "search", "storage", "worker")
 NAMES = ("Ada", "Bela", "Cyra", "Dario", "Edda", "Femi", "Goran", "Hana", "Ivo", "Jun", "Kai", "Lena",
@@ -251,7 +251,7 @@ class ShellEnv(Environment):
     def generate_from(cls, seed: int, difficulty: Mapping[str, int], generation: int = 0) -> ProblemSpec:
         """A problem is accepted only after its oracle replays in a sandbox: without an engine every seed
         would look unsolvable, so say what is missing instead."""
-        from apprentice.sandbox import engine_available
+        from apprentice.infra.sandbox import engine_available
 
         ok, why = engine_available()
         if not ok:

@@ -32,7 +32,7 @@ def make_policy(policy_cfg: PolicyConfig, default_model: str = "", *, root: str 
         raise ValueError(f"policy kind '{kind}' needs a model: set 'model' in its params section "
                          "(an HF folder/id for hf, the served model name for openai)")
     if kind == "hf":
-        from apprentice.modeling import resolve_model_ref
+        from apprentice.lm.modeling import resolve_model_ref
         from apprentice.policies.hf_cached import CachedHFPolicy
 
         kw: dict[str, Any] = dict(temperature=policy_cfg.temperature, top_p=policy_cfg.top_p,

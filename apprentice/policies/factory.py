@@ -23,7 +23,7 @@ MODEL_CHOICES = ("base", "sft", "rl", "student")
 def model_dir(choice: str, cfg: Config, paths: Paths) -> str:
     """``base|sft|rl|student`` -> the model folder of this iteration; anything else is a path/HF id."""
     if choice == "base":
-        from apprentice.modeling import resolve_model_ref
+        from apprentice.lm.modeling import resolve_model_ref
 
         return resolve_model_ref(cfg.model.base, paths.root)
     if choice in MODEL_CHOICES:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from apprentice import modeling
+from apprentice.lm import modeling
 from apprentice.policies.base import Message, Turn
 from apprentice.policies.toolcalls import parse_assistant
 

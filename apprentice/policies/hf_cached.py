@@ -58,7 +58,7 @@ bytes, whatever the dtype (store: least recently used conversations are dropped;
 for its buffers runs in parts, :meth:`CachedHFPolicy._split`); the store makes room for a call's new
 entries before decoding, not after; prefill sub-batches are leading rows of the cache (views, not a
 gathered copy of their keys/values); the heap pages of freed entries go back to the OS
-(:func:`apprentice.modeling.trim_heap`); and the rollout loop plays only as many conversations as
+(:func:`apprentice.lm.modeling.trim_heap`); and the rollout loop plays only as many conversations as
 the store holds (:meth:`CachedHFPolicy.live_rows`: fp32 evaluation had thrashed it, 379.7 -> 319.1 s).
 """
 
@@ -80,7 +80,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from apprentice import modeling
+from apprentice.lm import modeling
 from apprentice.policies.base import Message, Turn
 from apprentice.policies.hf import HFPolicy
 from apprentice.policies.toolcalls import parse_assistant
@@ -350,7 +350,7 @@ class CachedHFPolicy(HFPolicy):
 
     def live_rows(self, batch_size: int) -> int:
         """How many conversations the rollout loop should play at once when asked for ``batch_size``
-        (:func:`apprentice.rollout.run_episodes` asks every round): as many as the prefix store holds
+        (:func:`apprentice.rollout.episodes.run_episodes` asks every round): as many as the prefix store holds
         at the size this engine's last call's rows will have after the next call (prompt +
         ``max_new_tokens`` + the new tokens a row brought to the last call, which the next brings
         again: an observation and a turn's template tokens), at most ``batch_size``.

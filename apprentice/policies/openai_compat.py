@@ -1,5 +1,5 @@
 """Any OpenAI-compatible chat-completions endpoint as a policy (a hosted teacher, vLLM, llama.cpp,
-or ``python -m apprentice.serve``).
+or ``python -m apprentice.infra.serve``).
 
 Why hand-written on httpx instead of the ``openai`` SDK: we need five things the SDK hides or
 would add a dependency for: our own bounded retry/backoff policy (429, 5xx, connection errors,

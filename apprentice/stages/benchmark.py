@@ -10,7 +10,7 @@ synthesized once (its own seed, ``benchmark.seed``, independent of ``pipeline.se
 on the unchanged benchmark is a DVC cache hit.
 
 Never trained on: synthesis of every iteration excludes any training candidate whose *content*
-(task text + oracle plan, :func:`apprentice.dedupe.spec_content_key`) equals a benchmark problem's,
+(task text + oracle plan, :func:`apprentice.data.dedupe.spec_content_key`) equals a benchmark problem's,
 not only its id; the benchmark itself holds no two problems with the same content.
 """
 
@@ -23,12 +23,12 @@ from typing import Any
 import pandas as pd
 
 from apprentice.config import Config
-from apprentice.dedupe import spec_content_key as content_key
-from apprentice.dedupe import spec_task_key
+from apprentice.data.dedupe import spec_content_key as content_key
+from apprentice.data.dedupe import spec_task_key
+from apprentice.data.trajectories import problems_frame, read_parquet, specs_of, write_parquet
 from apprentice.envs import resolve
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
-from apprentice.trajectories import problems_frame, read_parquet, specs_of, write_parquet
 
 SPLIT = "benchmark"
 #: Seeds tried per slot before giving up on finding a problem whose content is new.
@@ -45,7 +45,7 @@ def plan(cfg: Config) -> list[tuple[str, int, int]]:
 def generate_unique(slots: Iterable[tuple[str, int, int]], taken: set[str], what: str,
                     forbidden_tasks: Set[str] = frozenset()) -> list[ProblemSpec]:
     """One problem per (family, level, seed) slot whose content key is not in ``taken`` (updated)
-    and whose normalised task text (:func:`apprentice.dedupe.task_key`) is not in ``forbidden_tasks``
+    and whose normalised task text (:func:`apprentice.data.dedupe.task_key`) is not in ``forbidden_tasks``
     (the benchmark's, for training: the same first observation with another plan is still the
     benchmark's task to the model, and the data gate rejects it).
 

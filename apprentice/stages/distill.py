@@ -41,17 +41,17 @@ def calibration_batches(tok: Any, records: list[dict[str, Any]], n: int = 8) -> 
 
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.data.trajectories import read_parquet, to_sft_records
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training import common
     from apprentice.training.distill import problem_prompts, train_distill, trajectory_prompts
     from apprentice.training.sft import train_sft
     from apprentice.training.student import build_student, num_params
-    from apprentice.trajectories import read_parquet, to_sft_records
 
     common.setup_runtime(cfg)
     d = cfg.distill
     if d.student.warmup_steps > 0 or d.prompt_source in ("trajectories", "both"):
-        from apprentice.gates import require_passed
+        from apprentice.gate import require_passed
 
         require_passed(paths.sft_data, paths.gate_record)  # the SFT set is trained on: the gate must have passed it
     teacher_dir = teacher_path(paths)
@@ -110,7 +110,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
                                     stamp=stamp, callbacks=callbacks or [], apprentice_cfg=cfg,
                                     extra_files={paths.student_record.name: json.dumps(info, indent=2)}))
     else:  # warm start only (e.g. to compare against SFT-only students)
-        from apprentice.modeling import save_model
+        from apprentice.lm.modeling import save_model
 
         save_model(student_model, tok, paths.student_model)
         paths.student_record.write_text(json.dumps(info, indent=2))

@@ -6,7 +6,7 @@ iteration (student, else rl, else sft, else base). The benchmark is the same in 
 not once per iteration. Sampling settings come from ``evaluate``
 (temperature, max_new_tokens, batch_size, samples_per_problem for pass@k), model settings from
 ``model`` (chat template, dtype). Writes ``data/iter_k/eval/<name>.parquet`` and ``<name>.json``
-(flat metrics, see :func:`apprentice.evaluation.summarize`) and prints a table.
+(flat metrics, see :func:`apprentice.evaluation.metrics.summarize`) and prints a table.
 
 Resumable like ``rollout``: a complete episode table with the same input fingerprint is reused and
 only the (cheap) metrics are recomputed.
@@ -26,13 +26,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from apprentice import distributed, shards
 from apprentice.config import Config, PolicyConfig
-from apprentice.evaluation import format_table, summarize
+from apprentice.data.trajectories import read_parquet, write_parquet
+from apprentice.evaluation.metrics import format_table, summarize
+from apprentice.infra import distributed
 from apprentice.paths import Paths, atomic_path
 from apprentice.policies.factory import MODEL_CHOICES, build_policy, resolve_policy
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
-from apprentice.trajectories import read_parquet, write_parquet
+from apprentice.rollout import shards
 
 
 def newest_model(paths: Paths) -> str:

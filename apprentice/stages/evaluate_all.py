@@ -2,7 +2,7 @@
 process (by hand: one torch + transformers import instead of four, 5-7 s each on this CPU).
 
 The pipeline does not use it: ``dvc.yaml`` has one DVC stage per model (``evaluate-k@<model>``,
-:func:`apprentice.dvcgen.dvc_stages`, the registry's ``models``), so DVC re-evaluates only the models that changed (an RL
+:func:`apprentice.ops.dvcgen.dvc_stages`, the registry's ``models``), so DVC re-evaluates only the models that changed (an RL
 experiment does not re-evaluate base and SFT). Both write the same files
 (``data/iter_k/eval/<policy>.parquet|json``) through :func:`apprentice.stages.evaluate.run`.
 """

@@ -25,6 +25,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from apprentice.config import Config
+from apprentice.data.trajectories import problems_frame, read_parquet, specs_of, write_parquet
 from apprentice.envs.evolve import (
     derive_seed,
     direction_scores,
@@ -33,11 +34,10 @@ from apprentice.envs.evolve import (
     seed_generation,
 )
 from apprentice.paths import Paths, atomic_path
-from apprentice.trajectories import problems_frame, read_parquet, specs_of, write_parquet
 
 
 def _wilson(k: int, n: int) -> tuple[float, float]:
-    from apprentice.evaluation import wilson_interval
+    from apprentice.evaluation.metrics import wilson_interval
 
     return wilson_interval(k, n)
 

@@ -1,18 +1,18 @@
 """Stage ``loop-data``: the set iteration k's SFT trains on, mixed by the loop rule -> ``data/iter_k/train.parquet``.
 
-Iteration 1 trains on its validated set as it is. Iteration k > 1 (``loop.rule``, :mod:`apprentice.loop`):
+Iteration 1 trains on its validated set as it is. Iteration k > 1 (``loop.rule``, :mod:`apprentice.training.loop_rules`):
 
 * ``continue``: the new validated set + ``loop.replay_share`` of the set from earlier iterations' validated sets;
 * ``restart``: the union of every iteration's validated set (SFT then starts from the base model);
 * ``self``: as ``continue``, with ``loop.self_share`` of the new rows replaced by the champion's own
   episodes on the new problems that the environment verified (success) and the data gate keeps;
 * ``repair``: as ``continue``, with ``loop.repair_share`` of the new rows replaced by the champion's
-  failed episodes cut before their first error (:func:`apprentice.loop.first_error`), replayed in a
+  failed episodes cut before their first error (:func:`apprentice.training.loop_rules.first_error`), replayed in a
   fresh environment and continued by the teacher (``rollout.teacher``); only the continuation is
   trained on (``context_turns``), and only continuations that succeed and pass the gate are kept.
 
 Self-generated and repaired rows pass the same episode gate as teacher rows
-(:func:`apprentice.gates.row_rejections`): nothing reaches SFT that validate would have excluded.
+(:func:`apprentice.gate.row_rejections`): nothing reaches SFT that validate would have excluded.
 The champion's rollouts are written to ``data/iter_k/champion.parquet`` (empty for the other rules),
 the summary (rows per source, the rule, what was excluded) to ``reports/iter_k/loop.json``.
 """
@@ -25,10 +25,10 @@ from typing import Any
 
 import pandas as pd
 
-from apprentice import loop
 from apprentice.config import Config
+from apprentice.data.trajectories import TRAJECTORY_COLUMNS, read_parquet, trajectories_frame, write_parquet
 from apprentice.paths import Paths, atomic_path
-from apprentice.trajectories import TRAJECTORY_COLUMNS, read_parquet, trajectories_frame, write_parquet
+from apprentice.training import loop_rules as loop
 
 
 def earlier_sets(paths: Paths) -> list[pd.DataFrame]:
@@ -38,7 +38,7 @@ def earlier_sets(paths: Paths) -> list[pd.DataFrame]:
 
 def _gate_kept(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     """Rows of ``df`` the SFT gate keeps, and the excluded counts by check."""
-    from apprentice.gates import row_rejections
+    from apprentice.gate import row_rejections
 
     if df.empty:
         return df, {}
@@ -52,7 +52,7 @@ def _gate_kept(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, i
 
 def champion_episodes(cfg: Config, paths: Paths, problems: pd.DataFrame) -> pd.DataFrame:
     """The champion's ``loop.samples`` episodes per problem at ``loop.temperature`` (the evaluation engine)."""
-    from apprentice.distributed import run_episodes
+    from apprentice.infra.distributed import run_episodes
     from apprentice.policies.factory import build_policy, resolve_policy
     from apprentice.progress import enabled
     from apprentice.stages.sft import start_record
@@ -73,7 +73,7 @@ def repaired(cfg: Config, paths: Paths, failed: pd.DataFrame) -> pd.DataFrame:
     from apprentice.envs import env_for
     from apprentice.envs.base import ProblemSpec
     from apprentice.policies.factory import build_policy, resolve_policy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     if failed.empty:
         return trajectories_frame([])
@@ -144,7 +144,7 @@ def build(cfg: Config, paths: Paths) -> tuple[pd.DataFrame, pd.DataFrame, dict[s
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
-    from apprentice.gates import require_passed
+    from apprentice.gate import require_passed
 
     require_passed(paths.sft_data, paths.gate_record)
     for j in range(1, paths.iteration):

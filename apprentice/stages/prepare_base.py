@@ -22,8 +22,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from apprentice import modeling
 from apprentice.config import Config
+from apprentice.lm import modeling
 from apprentice.paths import DEFAULT_BASE, TINY_BASE, Paths, atomic_path
 
 MARKER = ".apprentice-base.json"  # written last inside the folder: its presence means "complete"

@@ -28,11 +28,12 @@ from typing import Any
 
 import pandas as pd
 
-from apprentice import gates, lineage
+from apprentice import gate
 from apprentice.config import Config
-from apprentice.evaluation import paired_test
+from apprentice.data.trajectories import read_parquet
+from apprentice.evaluation.metrics import paired_test
+from apprentice.ops import lineage
 from apprentice.paths import Paths, atomic_path
-from apprentice.trajectories import read_parquet
 
 _MODEL_DIR = {"sft": "sft_model", "rl": "rl_model", "student": "student_model"}
 _PRODUCER = {"sft": "sft", "rl": "rl", "student": "distill"}
@@ -73,7 +74,7 @@ def _base_results(paths: Paths) -> pd.DataFrame:
 
 
 def _base_entry(cfg: Config, paths: Paths) -> dict[str, Any]:
-    from apprentice.modeling import resolve_model_ref
+    from apprentice.lm.modeling import resolve_model_ref
 
     ref = Path(resolve_model_ref(cfg.model.base, paths.root))
     return {"version": 0, "kind": "base", "iteration": 0, "weights_path": _rel(ref, paths.root),
@@ -142,7 +143,7 @@ def weights_digest(weights: Path, dvc_md5: str) -> str:
     """What identifies the registered weights: DVC's md5 when the stage ran under DVC, else a content hash."""
     if dvc_md5:
         return f"md5:{dvc_md5}"
-    from apprentice.shards import model_fingerprint
+    from apprentice.rollout.shards import model_fingerprint
 
     return "sha256:" + model_fingerprint(str(weights)) if Path(weights).is_dir() else "missing"
 
@@ -183,8 +184,8 @@ def _recorded(prior: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _gate(df: pd.DataFrame, eval_ids: list[str], name: str) -> None:
-    res = gates.check(df, "eval_results", {"eval_problem_ids": eval_ids}, table=name)
-    gates.raise_if_failed([res])
+    res = gate.check(df, "eval_results", {"eval_problem_ids": eval_ids}, table=name)
+    gate.raise_if_failed([res])
 
 
 def _champion_results(champ: dict[str, Any], challenger: pd.DataFrame, cfg: Config,
@@ -213,7 +214,7 @@ def _champion_results(champ: dict[str, Any], challenger: pd.DataFrame, cfg: Conf
     if not _same_weights(tags, weights):
         warnings.warn(f"champion v{champ['version']}'s weights {weights} changed since it was registered; it cannot "
                       "be re-evaluated, so it stays champion. To compare a re-run of an iteration against the champion "
-                      "before it, rewind the registry first (apprentice.lineage.rewind, as bench/loop_rules.py does)",
+                      "before it, rewind the registry first (apprentice.ops.lineage.rewind, as bench/loop_rules.py does)",
                       stacklevel=2)
         return None
     from apprentice.stages import evaluate

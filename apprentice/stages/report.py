@@ -7,7 +7,7 @@ CDN, no browser; the one plotting stack of the project) and writes ``eval.md``: 
 per model per iteration on the fixed benchmark (the base model once), which model is champion after
 each promotion, and the paired test of this iteration's champion against the previous one's.
 
-It also writes ``reports/iter_k/index.html`` (:mod:`apprentice.report_html`): the one page that shows
+It also writes ``reports/iter_k/index.html`` (:mod:`apprentice.ops.report_html`): the one page that shows
 the iteration (learning table, breakdowns, curves, gate, promotion, lineage, champion trend). Under
 the Prefect flow (``MLFLOW_RUN_ID`` set) the page lists the iteration's MLflow run ids; the flow logs
 it as an artifact of the report run and of the iteration run.
@@ -21,9 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from apprentice import curves
 from apprentice.config import Config
 from apprentice.paths import Paths, atomic_path, eval_jsons
+from apprentice.training import curves
 
 CURVES = {"sft": "sft", "rl": "rl", "distill": "student"}
 TABLE_COLUMNS = ["success_rate", "success_ci_low", "success_ci_high", "mean_reward", "truncation_rate",
@@ -96,8 +96,8 @@ def episodes_of(entry: dict[str, Any], paths: Paths) -> Path:
 def model_comparisons(paths: Paths) -> str:
     """Per iteration, on the benchmark: RL vs SFT (exact McNemar) and the student's success as a share
     of its teacher's (the RL model), with a paired bootstrap interval and the parameter ratio."""
-    from apprentice.evaluation import paired_test, success_ratio
-    from apprentice.trajectories import read_parquet
+    from apprentice.data.trajectories import read_parquet
+    from apprentice.evaluation.metrics import paired_test, success_ratio
 
     lines = []
     for j in range(1, paths.iteration + 1):
@@ -119,8 +119,8 @@ def model_comparisons(paths: Paths) -> str:
 
 def champion_trend(paths: Paths) -> str:
     """Champion after each promotion, and this iteration's champion vs the previous one's (exact McNemar)."""
-    from apprentice.evaluation import paired_test
-    from apprentice.trajectories import read_parquet
+    from apprentice.data.trajectories import read_parquet
+    from apprentice.evaluation.metrics import paired_test
 
     champs = []
     for j in range(1, paths.iteration + 1):
@@ -150,9 +150,9 @@ def champion_trend(paths: Paths) -> str:
 def drift_history(paths: Paths) -> list[dict[str, Any]]:
     """Per iteration 1..k with a promotion record: the champion after it, its benchmark success (with
     the Wilson interval), per-family success, and its action diversity (the policy-entropy proxy,
-    :func:`apprentice.evaluation.action_diversity`): the drift guards of METHODS.md §9."""
-    from apprentice.evaluation import action_diversity, summarize
-    from apprentice.trajectories import read_parquet
+    :func:`apprentice.evaluation.metrics.action_diversity`): the drift guards of METHODS.md §9."""
+    from apprentice.data.trajectories import read_parquet
+    from apprentice.evaluation.metrics import action_diversity, summarize
 
     out = []
     for j in range(1, paths.iteration + 1):
@@ -237,7 +237,7 @@ def write_page(paths: Paths) -> Path:
     """``reports/iter_k/index.html``, with the MLflow run ids when the flow runs this stage."""
     import os
 
-    from apprentice import lineage, report_html
+    from apprentice.ops import lineage, report_html
 
     run_id = os.environ.get("MLFLOW_RUN_ID")
     runs = lineage.iteration_runs(run_id) if run_id else {}

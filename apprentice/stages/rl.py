@@ -58,7 +58,7 @@ def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
     """Generations 0..G of this iteration's evolve stage when the scheduler feeds them (else None)."""
     if not cfg.curriculum.evolve.feed:
         return None
-    from apprentice.trajectories import read_parquet
+    from apprentice.data.trajectories import read_parquet
 
     files = paths.evolve_generations()
     if not files:
@@ -69,7 +69,7 @@ def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
 
 def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
     from apprentice.curriculum import pass_rates
-    from apprentice.distributed import run_episodes
+    from apprentice.infra.distributed import run_episodes
     from apprentice.policies.hf_cached import CachedHFPolicy
 
     was_training = model.training
@@ -101,10 +101,10 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None,
         **_: Any) -> dict[str, Any]:
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.data.trajectories import read_parquet
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training import common
     from apprentice.training.rl import train_grpo
-    from apprentice.trajectories import read_parquet
 
     common.setup_runtime(cfg)
     start = str(paths.sft_model)

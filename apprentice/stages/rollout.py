@@ -7,7 +7,7 @@ problem with the batched engine and writes ``data/iter_k/teacher.parquet`` atomi
 Resumable: the output carries a fingerprint of what determines its episodes (problem specs, the
 policy's model and sampling settings but not its URL, timeout or retries, model weights, seed, the
 code, a plugin family's version and source) in its Parquet metadata; a rerun that finds a complete output with the same
-fingerprint returns at once (:func:`apprentice.shards.fingerprint`); policies come from :mod:`apprentice.policies.factory`.
+fingerprint returns at once (:func:`apprentice.rollout.shards.fingerprint`); policies come from :mod:`apprentice.policies.factory`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from typing import Any
 
 import pandas as pd
 
-from apprentice import distributed, shards
 from apprentice.config import Config
-from apprentice.evaluation import summarize
+from apprentice.data.trajectories import read_parquet, write_parquet
+from apprentice.evaluation.metrics import summarize
+from apprentice.infra import distributed
 from apprentice.paths import Paths
 from apprentice.policies.factory import build_policy, resolve_policy
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
-from apprentice.trajectories import read_parquet, write_parquet
+from apprentice.rollout import shards
 
 
 def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = None,

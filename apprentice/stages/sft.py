@@ -3,7 +3,7 @@
 Start model: iteration 1 starts from ``model.base``; iteration k > 1 from the registry **champion**
 after promote-(k-1), read from ``reports/iter_{k-1}/promotion.json`` (its ``champion`` entry: the
 model the registry calls best, or the base model while no candidate has beaten it). A challenger
-that lost is never trained further. The loop rule (``loop.rule``, :mod:`apprentice.loop`) decides
+that lost is never trained further. The loop rule (``loop.rule``, :mod:`apprentice.training.loop_rules`) decides
 the rest: ``restart`` starts every iteration from the base model; the rules that continue from the
 champion train at ``sft.learning_rate x loop.lr_factor`` with ``loop.warmup_steps`` of warm-up. The
 data is the loop-data stage's ``data/iter_k/train.parquet`` (the validated set mixed by the rule). The record is a DVC dependency of this stage and names the
@@ -25,9 +25,9 @@ from apprentice.paths import Paths, atomic_path
 
 def start_record(cfg: Config, paths: Paths) -> dict[str, Any]:
     """Where iteration k's SFT starts: ``{"path", "source", "version", "iteration", "md5"}``."""
-    from apprentice.loop import starts_from_champion
-    from apprentice.modeling import resolve_model_ref
+    from apprentice.lm.modeling import resolve_model_ref
     from apprentice.stages.promote import champion_path, weights_md5
+    from apprentice.training.loop_rules import starts_from_champion
 
     prev = paths.previous()
     if prev is None or not starts_from_champion(cfg.loop.rule, paths.iteration):
@@ -58,10 +58,10 @@ def start_file(paths: Paths) -> Path:
 
 
 def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any) -> dict[str, Any]:
-    from apprentice.gates import require_passed
-    from apprentice.loop import sft_schedule
-    from apprentice.modeling import load_tokenizer
+    from apprentice.gate import require_passed
+    from apprentice.lm.modeling import load_tokenizer
     from apprentice.training import common
+    from apprentice.training.loop_rules import sft_schedule
     from apprentice.training.sft import train_sft
 
     require_passed(paths.sft_data, paths.gate_record)  # never train on data the gate did not pass
@@ -92,8 +92,8 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
 
 def train_records(paths: Paths) -> list[dict[str, Any]]:
     """The loop-data stage's rows as TRL records; a row's ``context_turns`` (repair) travels along."""
-    from apprentice.loop import CONTEXT
-    from apprentice.trajectories import read_parquet, to_sft_records
+    from apprentice.data.trajectories import read_parquet, to_sft_records
+    from apprentice.training.loop_rules import CONTEXT
 
     if not paths.train_data.exists():
         raise FileNotFoundError(f"{paths.train_data} does not exist; run `python -m apprentice loop-data --iter "

@@ -13,7 +13,7 @@ another id, and holds no content duplicates.
 
 Selection (``synth.sampler``, iterations k > 1): generate ``n_train x synth.oversample`` training
 candidates, predict the current model's pass rate on each *before any rollout* (the ex-ante
-difficulty predictor, :mod:`apprentice.difficulty`, fitted on iteration k-1's benchmark episodes of
+difficulty predictor, :mod:`apprentice.curriculum.difficulty`, fitted on iteration k-1's benchmark episodes of
 the promoted candidate: only pass rates against difficulty features, no benchmark problem is
 trained on) and keep the ``n_train`` that the curriculum sampler picks from those predictions.
 
@@ -35,13 +35,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from apprentice import dedupe, trajectories
 from apprentice.config import Config
 from apprentice.curriculum import SAMPLER_SETTINGS, keep_predicted
+from apprentice.data import dedupe, trajectories
+from apprentice.data.trajectories import problems_frame, read_parquet, write_parquet
 from apprentice.envs import FAMILIES, base, env_for, plugin_sources
 from apprentice.envs.base import ProblemSpec, derive_seed
 from apprentice.paths import Paths, atomic_path
-from apprentice.trajectories import problems_frame, read_parquet, write_parquet
 
 
 def _sha256(path: Path) -> str:
@@ -98,7 +98,7 @@ def predict_pass_rates(episodes: Path, candidates: list[ProblemSpec]) -> tuple[A
     """The ex-ante predictor fitted on ``episodes`` (``problem_id``, ``spec``, ``success``), applied to
     ``candidates``: (predicted pass rate per candidate, episodes fitted on). Raises ``ValueError``
     when the episodes are all successes or all failures."""
-    from apprentice import difficulty
+    from apprentice.curriculum import difficulty
 
     eps = read_parquet(episodes)
     specs = {pid: ProblemSpec.from_json(s) for pid, s in zip(eps["problem_id"], eps["spec"], strict=True)}

@@ -4,19 +4,19 @@ Runs the Great Expectations suites (``expectations/``) on the problems, the eval
 the teacher trajectories and the SFT set derived from them; writes ``reports/iter_k/gate.html``
 (self-contained) and ``gate.json`` (DVC metrics) whether or not the gate passes, and writes the SFT
 set (success-only when ``validate.success_only``) only when every suite passes. On a violation it
-raises :class:`apprentice.gates.GateFailed`, so the CLI exits non-zero, ``dvc repro`` stops and
+raises :class:`apprentice.gate.GateFailed`, so the CLI exits non-zero, ``dvc repro`` stops and
 nothing downstream runs.
 
 What "trusted" means here (issue G): every teacher episode is replayed in a fresh environment (a
 recorded success that the calls do not earn, or an observation the environment would not give,
 fails the gate naming the problem); problems are unique by *content* (normalised task text +
-oracle plan, :mod:`apprentice.dedupe`) within training and against the held-out set, not only by
+oracle plan, :mod:`apprentice.data.dedupe`) within training and against the held-out set, not only by
 id; the SFT set has zero tolerance for malformed turns, invalid calls, error observations and
 over-long messages, and every episode it leaves out is counted and listed with its reason in the
 report. A missing column fails the gate naming it; it never crashes the stage.
 
 Round 2 (issue N): every episode is audited in a fresh environment
-(:func:`apprentice.gates.audit_episode`, the checks in :data:`apprentice.gates.EPISODE_CHECKS`), and
+(:func:`apprentice.gate.audit_episode`, the checks in :data:`apprentice.gate.EPISODE_CHECKS`), and
 each rejection names the episode (``<problem id>/sample <k>``) and the check, in the CLI output and in
 ``gate.html``. Which checks fail the gate and which only exclude is decided by one question: can an
 honest rollout record it?
@@ -40,7 +40,7 @@ honest rollout record it?
 The previous ``sft.parquet`` is removed before anything is checked (as ``dvc repro`` does), so a
 failed gate in the plain CLI leaves no SFT set behind; ``gate.json`` records the SHA-256 of the
 set it passed, and ``sft``/``distill`` refuse data without that record
-(:func:`apprentice.gates.require_passed`).
+(:func:`apprentice.gate.require_passed`).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from apprentice import gates
+from apprentice import gate
 from apprentice.config import Config
+from apprentice.data.trajectories import read_parquet, write_parquet
 from apprentice.paths import Paths
-from apprentice.trajectories import read_parquet, write_parquet
 
 
 def _rel(path: Path, paths: Paths) -> str:
@@ -83,12 +83,12 @@ def allowed_families(names: list[str]) -> list[str]:
 
 def _task_keys(df: pd.DataFrame) -> list[str]:
     """Normalised task texts of a held-out table's buildable problems (contamination by wording)."""
-    from apprentice.dedupe import spec_task_key
+    from apprentice.data.dedupe import spec_task_key
     from apprentice.envs.base import ProblemSpec
 
     out = []
     for s in df["spec"] if "spec" in df.columns else []:
-        if gates.spec_problem(s):
+        if gate.spec_problem(s):
             continue
         try:
             out.append(spec_task_key(ProblemSpec.from_json(str(s))))
@@ -99,11 +99,11 @@ def _task_keys(df: pd.DataFrame) -> list[str]:
 
 def _content_keys(df: pd.DataFrame) -> list[str]:
     """Content keys of a held-out table's buildable problems (unbuildable ones fail their own suite)."""
-    from apprentice.dedupe import content_key
+    from apprentice.data.dedupe import content_key
 
     out = []
     for s in df["spec"] if "spec" in df.columns else []:
-        if gates.spec_problem(s):
+        if gate.spec_problem(s):
             continue
         try:
             out.append(content_key(str(s)))
@@ -114,8 +114,8 @@ def _content_keys(df: pd.DataFrame) -> list[str]:
 
 def select_sft(teacher: pd.DataFrame, success_only: bool, max_message_chars: int) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """The SFT set and the excluded episodes (``problem_id``, ``sample_idx``, ``check``, ``effect``,
-    ``reason``: :func:`apprentice.gates.episode_rejections`), in row order."""
-    per_row = gates.row_rejections(teacher, success_only, max_message_chars)
+    ``reason``: :func:`apprentice.gate.episode_rejections`), in row order."""
+    per_row = gate.row_rejections(teacher, success_only, max_message_chars)
     keep = [r is None for r in per_row]
     sft = teacher[keep].reset_index(drop=True) if len(teacher) else teacher.copy()
     return sft, [r for r in per_row if r is not None]
@@ -156,26 +156,26 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
          {"allowed_success": [True] if v.success_only else [True, False], "eval_problem_ids": eval_ids,
           "max_message_chars": v.max_message_chars}),
     ]
-    results = [gates.check(df, suite, params, table=name)
+    results = [gate.check(df, suite, params, table=name)
                for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
     html_path, json_path = paths.gate_html, paths.gate_record
     passed = all(r.success for r in results)
     if passed:
         write_parquet(sft, paths.sft_data)
-    gates.write_reports(results, html_path, json_path, f"Data gate, iteration {paths.iteration}",
+    gate.write_reports(results, html_path, json_path, f"Data gate, iteration {paths.iteration}",
                         excluded=excluded, sft_path=paths.sft_data if passed else None)
     print("\n".join(r.summary() for r in results))
     if excluded:
-        counts = ", ".join(f"{k}: {n}" for k, n in gates.reason_counts(excluded).items())
+        counts = ", ".join(f"{k}: {n}" for k, n in gate.reason_counts(excluded).items())
         print(f"{len(excluded)} of {len(teacher)} teacher episodes excluded from the SFT set ({counts}); "
               f"each is listed in {html_path}:")
         for e in excluded:  # every rejection by name: the episode, the check, what it does to the gate
-            print(f"  {gates.episode_name(e['problem_id'], e['sample_idx'])} [{e['check']}, {e['effect']}] "
+            print(f"  {gate.episode_name(e['problem_id'], e['sample_idx'])} [{e['check']}, {e['effect']}] "
                   f"{str(e['reason'])[:240]}")
-    gates.raise_if_failed(results, html_path)
+    gate.raise_if_failed(results, html_path)
     return {"passed": True, "problems": len(problems), "eval_problems": len(eval_problems),
             "teacher_rows": len(teacher), "sft_rows": len(sft), "sft_excluded": len(excluded),
-            "sft_excluded_by_reason": gates.reason_counts(excluded),
+            "sft_excluded_by_reason": gate.reason_counts(excluded),
             "teacher_success_rate": float(teacher["success"].mean()),
             "truncation_rate": float(teacher["truncated"].mean()),
             "report": str(html_path)}

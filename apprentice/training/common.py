@@ -11,7 +11,7 @@ Why these helpers exist (TRL does the training; these only fill the gaps between
     silently trains in fp32: those two enter ``self.accelerator.autocast()`` themselves
     (``tests/integration/test_dtypes.py`` asserts every trainer's forward precision).
   * TRL reports metrics to trackers (wandb, MLflow...) but the pipeline wants a plain JSONL file beside
-    each stage's outputs (plots, DVC, and ``apprentice.lineage`` read it): :class:`MetricsCallback`.
+    each stage's outputs (plots, DVC, and ``apprentice.ops.lineage`` read it): :class:`MetricsCallback`.
   * Resume = "find the last ``checkpoint-*`` in the stage's work dir and pass it to ``train``"
     (:func:`last_checkpoint`); the work dir survives a crash and is deleted after success.
   * Finalize = fix ``use_cache`` (SFTTrainer leaves ``use_cache: false`` in config.json, which made a
@@ -36,12 +36,12 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from apprentice.modeling import fix_generation_config, resolve_dtype
+from apprentice.lm.modeling import fix_generation_config, resolve_dtype
 from apprentice.paths import DVCLIVE_DIR, atomic_path
 
 METRICS_FILE = "metrics.jsonl"
 STAMP_FILE = "apprentice_stage.json"
-DEEPSPEED_DIR = Path(__file__).resolve().parent.parent / "deepspeed"
+DEEPSPEED_DIR = Path(__file__).resolve().parents[1] / "infra" / "deepspeed"
 
 # TRL log keys -> the pipeline's names (the raw keys are kept as well).
 _KEY_ALIASES = {"reward": "reward", "kl": "kl", "loss": "loss", "learning_rate": "learning_rate"}
@@ -79,7 +79,7 @@ def release_memory() -> None:
     """
     import gc
 
-    from apprentice.modeling import trim_heap
+    from apprentice.lm.modeling import trim_heap
 
     gc.collect()
     trim_heap()  # not glibc (macOS, musl): the collection alone

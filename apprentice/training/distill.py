@@ -40,7 +40,7 @@ from typing import Any, cast
 from trl import DistillationTrainer
 
 from apprentice.config import DistillConfig
-from apprentice.modeling import autocast
+from apprentice.lm.modeling import autocast
 from apprentice.training import common, loggers
 from apprentice.training.sampling import EngineSampling
 
@@ -227,7 +227,7 @@ def train_distill(student: Any, teacher: Any, tokenizer: Any, rows: Sequence[dic
     """On-policy distillation of ``teacher`` into ``student`` (paths or models); write ``final_dir``."""
     from transformers import set_seed
 
-    from apprentice.modeling import load_model
+    from apprentice.lm.modeling import load_model
 
     t0 = time.time()
     final_dir = Path(final_dir)

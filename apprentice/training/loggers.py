@@ -9,8 +9,8 @@ touching the three trainers again. Today:
 * :class:`DVCLiveLogger`: the training curves, through transformers' own ``DVCLiveCallback``, into
   ``<work>/dvclive`` (``metrics.json`` summary + ``plots/metrics/<name>.tsv`` per metric), which
   ``common.finalize`` moves into the model folder. ``dvc.yaml`` declares those files as the
-  pipeline's plots and metrics (``apprentice.dvcgen``), so ``dvc plots show/diff`` and
-  ``dvc exp show`` read them as they are, and ``apprentice.lineage`` logs the same files to MLflow
+  pipeline's plots and metrics (``apprentice.ops.dvcgen``), so ``dvc plots show/diff`` and
+  ``dvc exp show`` read them as they are, and ``apprentice.ops.lineage`` logs the same files to MLflow
   as step metrics: no converter of our own in between.
 
 Why a subclass and not ``report_to="dvclive"``: the rows it logs are ``MetricsCallback``'s (a resumed
@@ -38,10 +38,10 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.integrations import DVCLiveCallback
 
-from apprentice.curves import trim_dvclive
 from apprentice.paths import DVCLIVE_DIR
 from apprentice.progress import _fmt
 from apprentice.training.common import is_wall_clock
+from apprentice.training.curves import trim_dvclive
 
 #: Row fields that are not metrics, or vary run to run (those go to ``.timings`` and MLflow only).
 _NOT_LOGGED = ("stage", "step")

@@ -15,7 +15,7 @@ What this module adds on top:
     sequentially, each prompt repeated ``num_generations`` times in a row).
   * **Pass-rate filter**: problems the current policy always or never solves are dropped before
     training (``apprentice.curriculum.keep_for_grpo``), measured by sampled probe rollouts through
-    the same engine that evaluates (``apprentice.rollout.run_episodes``).
+    the same engine that evaluates (``apprentice.rollout.episodes.run_episodes``).
   * **bf16 rollouts**: TRL generates outside autocast, i.e. in fp32, even with ``bf16=True``;
     :class:`CurriculumGRPOTrainer` wraps generation in autocast (~1.4x on AMX CPUs; pitfall 10).
     Trained weights stay fp32.
@@ -48,7 +48,7 @@ import pandas as pd
 from trl import GRPOTrainer
 
 from apprentice.config import RLConfig
-from apprentice.modeling import autocast
+from apprentice.lm.modeling import autocast
 from apprentice.training import common, loggers
 from apprentice.training.packing import SharedPromptScoring
 from apprentice.training.sampling import EngineSampling
@@ -146,7 +146,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
     from trl import GRPOConfig
 
     from apprentice.envs import trl_environment
-    from apprentice.modeling import load_model
+    from apprentice.lm.modeling import load_model
 
     t0 = time.time()
     final_dir = Path(final_dir)

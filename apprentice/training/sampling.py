@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apprentice.modeling import trim_heap
+from apprentice.lm.modeling import trim_heap
 
 # What the engine implements of a GenerationConfig (greedy, or temperature + top_p sampling, to a token
 # budget, stopping at eos ids); bookkeeping keys besides. Any other setting a user passes through TRL's

@@ -132,7 +132,7 @@ def sft_trl_config(sft: SFTConfig, output_dir: Path, dtype: str, fast: bool = Tr
     ``fast``: padding-free batches (records are pre-cut to ``max_length`` by :func:`fit_length`, so TRL's
     own truncation is off); ``fast=False`` is TRL's padded default. ``warmup_steps``: linear warm-up of
     the learning rate (the loop's ``continue`` rule: a fresh AdamW's first steps are sign-like steps of
-    the full learning rate on every weight, see :mod:`apprentice.loop`)."""
+    the full learning rate on every weight, see :mod:`apprentice.training.loop_rules`)."""
     from trl import SFTConfig as TRLSFTConfig
 
     length = {"padding_free": True, "max_length": None} if fast else {"max_length": sft.max_length}
@@ -236,7 +236,7 @@ def train_sft(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], fin
     """
     from transformers import set_seed
 
-    from apprentice.modeling import load_model
+    from apprentice.lm.modeling import load_model
     from apprentice.training.packing import use_varlen
 
     t0 = time.time()

@@ -174,7 +174,7 @@ def build_student(teacher: Any, source: str = "prune", keep_every: int = 3, *, t
         return student
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from apprentice.modeling import resolve_model_ref
+    from apprentice.lm.modeling import resolve_model_ref
 
     ref = resolve_model_ref(source, root)
     try:

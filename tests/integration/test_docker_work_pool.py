@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from apprentice import sandbox as sb
+from apprentice.infra import sandbox as sb
 
 OK, WHY = sb.engine_available()
 pytestmark = [pytest.mark.integration, pytest.mark.slow,

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from echokit import EchoEnv, config, write_data  # noqa: E402
 
-from apprentice import modeling  # noqa: E402
+from apprentice.lm import modeling  # noqa: E402
 from apprentice.paths import Paths  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def _specs():
 def test_plain_and_kv_reusing_generation_run_multi_turn_episodes(tiny_model_dir, dtype):
     from apprentice.policies.hf import HFPolicy
     from apprentice.policies.hf_cached import CachedHFPolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     plain = HFPolicy(tiny_model_dir, max_new_tokens=10, batch_size=8, dtype=dtype)
     assert plain.dtype == modeling.resolve_dtype(dtype)
@@ -87,8 +87,8 @@ def test_plain_and_kv_reusing_generation_run_multi_turn_episodes(tiny_model_dir,
 def test_serve_answers_a_tool_call_request(tiny_model_dir, dtype):
     from fastapi.testclient import TestClient
 
+    from apprentice.infra.serve import create_app
     from apprentice.policies.hf import HFPolicy
-    from apprentice.serve import create_app
 
     app = create_app(HFPolicy(tiny_model_dir, max_new_tokens=8, dtype=dtype), "tiny", batch_size=2)
     with TestClient(app) as client:
@@ -129,7 +129,7 @@ def test_one_grpo_step(tmp_path, tiny_model_dir, dtype, echo_env, training_preci
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_distillation_warm_start_and_one_opd_step(tmp_path, smol_tokenizer_dir, dtype, echo_env, training_precision):
-    from apprentice.modeling import load_tokenizer, make_tiny_model
+    from apprentice.lm.modeling import load_tokenizer, make_tiny_model
     from apprentice.stages import distill
 
     paths = Paths(tmp_path)

@@ -69,7 +69,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def models(tiny_model_dir, smol_tokenizer_dir, tmp_path_factory):
-    from apprentice.modeling import load_tokenizer, make_tiny_model
+    from apprentice.lm.modeling import load_tokenizer, make_tiny_model
 
     tok = load_tokenizer(smol_tokenizer_dir)
     teacher_dir = make_tiny_model(tok, tmp_path_factory.mktemp("teacher") / "m", hidden=64, layers=2, seed=1)
@@ -78,7 +78,7 @@ def models(tiny_model_dir, smol_tokenizer_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"opd"}))  # opd = vanilla alias
 def test_variant_trains_and_logs_diagnostics(variant, models, tmp_path):
-    from apprentice.modeling import load_model
+    from apprentice.lm.modeling import load_model
     from apprentice.training.opd.trainer import make_trainer
 
     tok, student_dir, teacher_dir = models

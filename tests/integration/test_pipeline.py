@@ -87,7 +87,7 @@ def test_killed_flow_resumes_and_records_lineage(project):
     # ---- lineage ------------------------------------------------------------------------------
     from mlflow import MlflowClient
 
-    from apprentice import dvcgen, lineage
+    from apprentice.ops import dvcgen, lineage
 
     c = MlflowClient()
     exp = c.get_experiment_by_name("apprentice")
@@ -161,7 +161,7 @@ def test_noop_repro_reruns_nothing(project):
 
 
 def test_rl_param_change_invalidates_only_rl_and_after(project):
-    from apprentice import dvcgen
+    from apprentice.ops import dvcgen
 
     wd = project["wd"]
     params = wd / "params.yaml"

@@ -1,5 +1,5 @@
 """Policies on the real stack: HFPolicy on a tiny random model, OpenAICompatiblePolicy over real
-HTTP against real server processes (``python -m apprentice.serve`` and a flaky stdlib server)."""
+HTTP against real server processes (``python -m apprentice.infra.serve`` and a flaky stdlib server)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ CONVS = [_conv(0), _conv(7), _conv(19)]  # three different prompt lengths -> rea
 def varied_model_dir(smol_tokenizer_dir, tmp_path_factory) -> str:
     """Like tiny_model_dir but with larger init so greedy output depends on the prompt (the
     default 0.02 init emits one token forever, which would make equality checks vacuous)."""
-    from apprentice.modeling import load_tokenizer, make_tiny_model
+    from apprentice.lm.modeling import load_tokenizer, make_tiny_model
 
     out = tmp_path_factory.mktemp("varied") / "model"
     return str(make_tiny_model(load_tokenizer(smol_tokenizer_dir), out, seed=0, initializer_range=0.3))
@@ -118,11 +118,11 @@ def test_hf_policy_sampling_is_seeded(tiny_model_dir):
     assert first != [t.raw for t in c.act(CONVS, [TOOLS] * 3)], "the seed must matter"
 
 
-# ---- OpenAICompatiblePolicy against python -m apprentice.serve ---------------------------------
+# ---- OpenAICompatiblePolicy against python -m apprentice.infra.serve ---------------------------------
 
 def test_openai_policy_against_real_serve_process(varied_model_dir, caplog):
     port = _free_port()
-    proc = _start([sys.executable, "-m", "apprentice.serve", "--model", varied_model_dir, "--port", str(port),
+    proc = _start([sys.executable, "-m", "apprentice.infra.serve", "--model", varied_model_dir, "--port", str(port),
                    "--name", "tiny", "--dtype", "fp32", "--api-key-env", "APPRENTICE_TEST_KEY"],
                   f"http://127.0.0.1:{port}/health", {"APPRENTICE_TEST_KEY": KEY, "HF_HUB_OFFLINE": "1"})
     try:

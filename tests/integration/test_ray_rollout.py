@@ -12,12 +12,12 @@ import time
 import pandas as pd
 import pytest
 
-from apprentice import distributed
 from apprentice.config import RayConfig, load_config
+from apprentice.data.trajectories import problems_frame, read_parquet, write_parquet
 from apprentice.envs import FAMILIES
+from apprentice.infra import distributed
 from apprentice.paths import Paths
 from apprentice.policies.oracle import OraclePolicy
-from apprentice.trajectories import problems_frame, read_parquet, write_parquet
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # Ray start-up timed out on the loaded session machine: opt-in until seen passing
 

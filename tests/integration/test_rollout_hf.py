@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 from apprentice.config import load_config
+from apprentice.data.trajectories import problems_frame, read_parquet, write_parquet
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths
 from apprentice.policies.hf import HFPolicy
 from apprentice.policies.hf_cached import CachedHFPolicy
-from apprentice.rollout import run_episodes
-from apprentice.trajectories import problems_frame, read_parquet, write_parquet
+from apprentice.rollout.episodes import run_episodes
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from apprentice import sandbox as sb
 from apprentice.config import Config
+from apprentice.infra import sandbox as sb
 from apprentice.paths import Paths
 from apprentice.stages import evaluate, rollout, synth, validate
 

@@ -68,7 +68,7 @@ def test_sft_logs_trains_resumes_from_checkpoint_and_skips_when_done(tmp_path, t
     assert "time" not in rows[0]  # wall clock stays out of the DVC output (models/iter_k/.timings/)
     # DVCLive's files in the model folder (what dvc.yaml's plots/metrics declare) hold the same curve,
     # continued across the resume (steps 1, 2, 3 once each), and no wall-clock metric
-    from apprentice import curves
+    from apprentice.training import curves
 
     live = paths.sft_model / curves.DVCLIVE_DIR
     logged = [r for r in curves.read_dvclive(live) if "loss" in r]
@@ -129,13 +129,13 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
     rows = read_metrics(paths.rl_model / METRICS_FILE)
     step = next(r for r in rows if "loss" in r)
     assert "rewards/EchoEnv/mean" in step and "reward" in step  # the environment's get_reward is wired in
-    from apprentice import curves
+    from apprentice.training import curves
 
     live = curves.read_dvclive(paths.rl_model / curves.DVCLIVE_DIR)  # GRPO's curves reach DVC's plots too
     assert any("rewards/EchoEnv/mean" in r and "loss" in r for r in live), live
     order = json.loads((paths.rl_model / "curriculum.json").read_text())["order"]
     from apprentice.curriculum import order_by_difficulty
-    from apprentice.trajectories import read_parquet
+    from apprentice.data.trajectories import read_parquet
 
     ordered = order_by_difficulty(read_parquet(paths.problems))["problem_id"].tolist()
     # the probe spreads over the order (first and last of 4): the two unprobed problems stay
@@ -144,7 +144,7 @@ def test_rl_grpo_with_environment_factory_curriculum_and_probe(tmp_path, tiny_mo
 
 
 def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_tokenizer_dir, echo_env):
-    from apprentice.modeling import load_model, load_tokenizer, make_tiny_model
+    from apprentice.lm.modeling import load_model, load_tokenizer, make_tiny_model
     from apprentice.stages import distill
     from apprentice.training.student import build_student
 
@@ -163,7 +163,7 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
     assert student.config.num_hidden_layers == 2  # layers 0 and 3 of 4
     rows = read_metrics(paths.student_model / METRICS_FILE)
     assert {r["stage"] for r in rows if "loss" in r} == {"student_warmup", "distill"}
-    from apprentice import curves
+    from apprentice.training import curves
 
     assert [r["step"] for r in curves.read_dvclive(paths.student_model / curves.DVCLIVE_DIR)] == [1]  # distillation's
     pruned = build_student(load_model(paths.sft_model), "prune", 3)
@@ -174,7 +174,7 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
 
 def test_sft_horizon_cuts_at_turn_boundaries_and_lora_saves_a_merged_plain_model(tmp_path, tiny_model_dir):
     from apprentice.config import SFTConfig
-    from apprentice.modeling import load_tokenizer
+    from apprentice.lm.modeling import load_tokenizer
     from apprentice.training.sft import apply_horizon, train_sft
 
     tok = load_tokenizer(tiny_model_dir)
@@ -207,7 +207,7 @@ def test_grpo_samples_through_the_engine_the_tokens_trl_generate_gives(tmp_path,
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training.rl import CurriculumGRPOTrainer
 
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)

@@ -5,7 +5,7 @@ the root of a real git clone, so a ``.gitignore`` line that made DVC refuse ``dv
 ``make run`` and ``dvc repro`` for every new user while CI stayed green (twice). This test is that
 user: it clones the committed HEAD (not the working tree), edits ``params.yaml`` the way the README
 says (fewer problems and steps, the tiny base model, two iterations), regenerates ``dvc.yaml`` and
-commits both as ``python -m apprentice.dvcgen`` tells one to, then runs ``make run``'s own target
+commits both as ``python -m apprentice.ops.dvcgen`` tells one to, then runs ``make run``'s own target
 with the already built venv (``VENV=...``, its stamp taken as up to date). Once as shipped
 (``dtype: auto``, whatever this machine measures) and once with the *other* dtype forced: bf16 on an
 AVX2-only machine (the dtype an AMX machine picks), fp32 on an AMX machine (the one AVX2 picks), so
@@ -76,7 +76,7 @@ def test_a_fresh_clone_runs_the_default_profile_at_its_root(tmp_path, dtype):
     params = clone / "params.yaml"
     raw = _merge(yaml.safe_load(params.read_text()), SHRINK)
     if dtype == "other-dtype":
-        from apprentice.dtypes import cpu_auto
+        from apprentice.lm.dtypes import cpu_auto
 
         raw["model"]["dtype"] = {"bf16": "fp32", "fp32": "bf16"}[cpu_auto().dtype]
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -84,7 +84,7 @@ def test_a_fresh_clone_runs_the_default_profile_at_its_root(tmp_path, dtype):
            "GIT_COMMITTER_EMAIL": "n@n", "PREFECT_HOME": str(tmp_path / "prefect-home")}
     for var in ("PYTHONPATH", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PROFILE"):  # a newcomer's shell has none
         env.pop(var, None)
-    subprocess.run([sys.executable, "-m", "apprentice.dvcgen"], cwd=clone, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "apprentice.ops.dvcgen"], cwd=clone, env=env, check=True, capture_output=True)
     _git(clone, "commit", "-qam", "a smaller first run")
 
     stamp = VENV / ".installed"

@@ -1,14 +1,25 @@
-"""Import direction (ARCHITECTURE.md): Prefect only in tasks/ and flows/, MLflow only in
-apprentice/lineage.py, Great Expectations only in apprentice/gates.py; nothing in apprentice/
-imports tasks/ or flows/; policies never import environments; artifact paths built only in
-apprentice/paths.py."""
+"""The layers (docs/architecture.md), enforced on the imports each module makes.
+
+- the library (``envs``, ``policies``, ``rollout``, ``training``, ``evaluation``, ``curriculum``, ``data``,
+  ``lm``) imports no orchestration (Prefect, ``tasks/``, ``flows/``), no tracking (MLflow, DVC), no data
+  quality (GX, ``apprentice.gate``), no ops glue and no stage;
+- Prefect only in ``tasks/`` and ``flows/``; MLflow only in ``apprentice/ops/lineage.py``; Great
+  Expectations only in ``apprentice/gate/gx.py``;
+- infrastructure (``apprentice/infra``) imports no orchestration, tracking, gate or stage;
+- policies never import environments; artifact paths are built only in ``apprentice/paths.py``.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ("envs", "policies", "rollout", "training", "evaluation", "curriculum", "data", "lm")
+ORCHESTRATION = {"prefect", "prefect_ray", "prefect_docker", "tasks", "flows"}
+TRACKING = {"mlflow", "dvc"}  # DVCLive is a trainer callback that writes files: allowed
 
 
 def _imports(path: Path) -> set[str]:
@@ -19,6 +30,8 @@ def _imports(path: Path) -> set[str]:
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
+            if node.module == "apprentice":  # from apprentice import gate -> apprentice.gate
+                out.update(f"apprentice.{a.name}" for a in node.names)
     return out
 
 
@@ -30,21 +43,58 @@ def _top(mods: set[str]) -> set[str]:
     return {m.split(".")[0] for m in mods}
 
 
+def _inside(mods: set[str], *packages: str) -> set[str]:
+    return {m for m in mods if any(m == p or m.startswith(p + ".") for p in packages)}
+
+
+def test_the_layers_are_folders():
+    """Every layer the docs name is a package; the top level holds only the spine."""
+    for pkg in (*LIBRARY, "gate", "ops", "infra", "stages"):
+        assert (ROOT / "apprentice" / pkg / "__init__.py").is_file(), pkg
+    top = sorted(p.stem for p in (ROOT / "apprentice").glob("*.py"))
+    assert top == ["__init__", "__main__", "codedeps", "config", "paths", "pipeline", "progress"], top
+
+
+@pytest.mark.parametrize("layer", LIBRARY)
+def test_library_imports_no_orchestration_tracking_gate_or_ops(layer):
+    offenders = []
+    for p in _py(f"apprentice/{layer}"):
+        mods = _imports(p)
+        bad = (_top(mods) & (ORCHESTRATION | TRACKING | {"great_expectations"})) | _inside(
+            mods, "apprentice.gate", "apprentice.ops", "apprentice.stages")
+        if bad:
+            offenders.append(f"{p.relative_to(ROOT)}: {sorted(bad)}")
+    assert not offenders, "the library must not import these:\n" + "\n".join(offenders)
+
+
+def test_infrastructure_imports_no_orchestration_tracking_or_gate():
+    offenders = []
+    for p in _py("apprentice/infra"):
+        mods = _imports(p)
+        bad = (_top(mods) & (ORCHESTRATION | TRACKING | {"great_expectations"})) | _inside(
+            mods, "apprentice.gate", "apprentice.ops", "apprentice.stages")
+        if bad:
+            offenders.append(f"{p.relative_to(ROOT)}: {sorted(bad)}")
+    assert not offenders, "\n".join(offenders)
+
+
 def test_prefect_only_in_tasks_and_flows():
-    offenders = [p for p in _py("apprentice") if "prefect" in _top(_imports(p))]
+    offenders = [p for p in _py("apprentice") if _top(_imports(p)) & {"prefect", "prefect_ray", "prefect_docker"}]
     assert not offenders, f"prefect imported outside tasks/ and flows/: {offenders}"
 
 
 def test_mlflow_only_in_lineage():
+    lineage = ROOT / "apprentice" / "ops" / "lineage.py"
     offenders = [p for p in _py("apprentice") + _py("tasks") + _py("flows")
-                 if "mlflow" in _top(_imports(p)) and p.name != "lineage.py"]
-    assert not offenders, f"mlflow imported outside apprentice/lineage.py: {offenders}"
+                 if "mlflow" in _top(_imports(p)) and p != lineage]
+    assert not offenders, f"mlflow imported outside apprentice/ops/lineage.py: {offenders}"
 
 
-def test_great_expectations_only_in_gates():
+def test_great_expectations_only_in_the_gate():
+    gx = ROOT / "apprentice" / "gate" / "gx.py"
     offenders = [p for p in _py("apprentice") + _py("tasks") + _py("flows")
-                 if "great_expectations" in _top(_imports(p)) and p.name != "gates.py"]
-    assert not offenders, f"great_expectations imported outside apprentice/gates.py: {offenders}"
+                 if "great_expectations" in _top(_imports(p)) and p != gx]
+    assert not offenders, f"great_expectations imported outside apprentice/gate/gx.py: {offenders}"
 
 
 def test_library_never_imports_orchestration():

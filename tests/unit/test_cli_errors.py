@@ -62,9 +62,9 @@ def test_stage_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys)
 
 
 def test_missing_base_model_under_evaluate_names_the_folder(tmp_path, capsys):
+    from apprentice.data.trajectories import problems_frame, write_parquet
     from apprentice.envs import FAMILIES
     from apprentice.paths import Paths
-    from apprentice.trajectories import problems_frame, write_parquet
 
     spec = FAMILIES["grid"].make_spec(seed=0, difficulty={"size": 5, "obstacles": 0, "keys": 0, "budget_slack": 2})
     write_parquet(problems_frame([spec], [0], split="eval"), Paths(tmp_path).eval_problems)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 from dvcstages import expand_file
 
-from apprentice import codedeps, dvcgen, pipeline
+from apprentice import codedeps, pipeline
+from apprentice.ops import dvcgen
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,17 +47,17 @@ def test_every_dvc_stage_lists_every_project_module_it_imports():
         missing = [f for f in files if not _covered(f, spec["deps"])]
         assert not missing, f"DVC stage {name} imports {missing} but does not list them in its deps"
     # the ones issue G found missing
-    need = {"sft-1": "apprentice/trajectories.py", "evaluate-1@sft": "apprentice/modeling.py",
+    need = {"sft-1": "apprentice/data/trajectories.py", "evaluate-1@sft": "apprentice/lm/modeling.py",
             "rl-1": "apprentice/policies/hf_cached.py", "distill-1": "apprentice/policies/hf.py",
-            "promote-1": "apprentice/gates.py"}
+            "promote-1": "apprentice/gate/"}
     for name, f in need.items():
         assert _covered(f, stages[name]["deps"]), (name, f)
-    assert _covered("apprentice/rollout.py", stages["distill-1"]["deps"])
+    assert _covered("apprentice/rollout/episodes.py", stages["distill-1"]["deps"])
 
 
 def test_rollout_fingerprint_changes_when_an_environment_changes(tmp_path, monkeypatch):
-    from apprentice import shards
     from apprentice.config import Config, PolicyConfig
+    from apprentice.rollout import shards
 
     shutil.copytree(REPO / "apprentice", tmp_path / "apprentice", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(codedeps, "REPO", tmp_path)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from apprentice import runlock
+from apprentice.ops import runlock
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _holder(workdir: Path) -> subprocess.Popen:
-    code = ("import sys, time; from apprentice import runlock\n"
+    code = ("import sys, time; from apprentice.ops import runlock\n"
             f"with runlock.hold({str(workdir)!r}, 'quick'):\n    print('held', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
@@ -53,7 +53,7 @@ def test_flow_cli_refuses_a_second_run_before_starting_prefect(tmp_path, monkeyp
 def test_stale_cleanup_closes_only_runs_whose_process_is_gone(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from apprentice import lineage
+    from apprentice.ops import lineage
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     lineage.configure("sqlite:///mlflow.db", "exp", tmp_path)
@@ -82,7 +82,7 @@ def test_stale_cleanup_closes_only_runs_whose_process_is_gone(tmp_path, monkeypa
 
 
 def test_fresh_store_opened_by_several_processes_at_once(tmp_path):
-    code = ("import sys; from apprentice import lineage; "
+    code = ("import sys; from apprentice.ops import lineage; "
             "lineage.configure(sys.argv[1], 'exp', sys.argv[2]); print('ok')")
     env_uri = f"sqlite:///{tmp_path / 'fresh.db'}"
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}

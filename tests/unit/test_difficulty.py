@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from apprentice.difficulty import (
+from apprentice.curriculum.difficulty import (
     DifficultyPredictor,
     calibration,
     detection_rates,
@@ -94,7 +94,7 @@ def test_token_entropy_is_bounded_by_the_vocabulary(tiny_model_dir):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from apprentice.difficulty import token_entropy
+    from apprentice.curriculum.difficulty import token_entropy
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

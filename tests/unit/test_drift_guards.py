@@ -8,14 +8,15 @@ import json
 
 import pandas as pd
 
-from apprentice import pipeline, report_html
+from apprentice import pipeline
+from apprentice.data.trajectories import problems_frame, trajectories_frame
 from apprentice.envs import FAMILIES
-from apprentice.evaluation import action_diversity
+from apprentice.evaluation.metrics import action_diversity
+from apprentice.ops import report_html
 from apprentice.paths import Paths
 from apprentice.policies.oracle import OraclePolicy
-from apprentice.rollout import run_episodes
+from apprentice.rollout.episodes import run_episodes
 from apprentice.stages import report
-from apprentice.trajectories import problems_frame, trajectories_frame
 
 
 class Stuck:

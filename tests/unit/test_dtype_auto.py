@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from apprentice import dtypes
+from apprentice.lm import dtypes
 
 
 @pytest.fixture

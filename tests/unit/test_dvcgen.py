@@ -10,8 +10,9 @@ import pytest
 import yaml
 from dvcstages import expand
 
-from apprentice import dvcgen, pipeline
+from apprentice import pipeline
 from apprentice.config import load_raw
+from apprentice.ops import dvcgen
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from apprentice import curves, dvcgen, pipeline
-from apprentice.training import common, loggers
+from apprentice import pipeline
+from apprentice.ops import dvcgen
+from apprentice.training import common, curves, loggers
 
 LOSSES, TOKENS = [0.5, 0.25, 0.125], [100.0, 210.0, 330.0]
 
@@ -125,7 +126,7 @@ def test_lineage_logs_step_metrics_from_the_dvclive_files(tmp_path, monkeypatch)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
     from mlflow import MlflowClient
 
-    from apprentice import lineage
+    from apprentice.ops import lineage
 
     _run(tmp_path / "sft", [1, 2, 3])
     client = MlflowClient()

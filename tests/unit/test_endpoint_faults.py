@@ -21,12 +21,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from apprentice import shards
 from apprentice.config import Config
+from apprentice.data.trajectories import problems_frame, write_parquet
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths, failures_file
 from apprentice.policies.base import PolicyUnavailable
-from apprentice.trajectories import problems_frame, write_parquet
+from apprentice.rollout import shards
 
 KEY = "sk-fault-SECRET-19d2"
 

@@ -43,7 +43,7 @@ def grpo_trainer(tiny_model_dir, tmp_path_factory):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training import common
 
     classes = {f: resolve(f) for f in FAMILY_NAMES}

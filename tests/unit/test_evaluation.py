@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from apprentice.evaluation import (
+from apprentice.evaluation.metrics import (
     format_table,
     mcnemar_exact,
     paired_test,
@@ -114,7 +114,7 @@ def test_format_table_is_readable():
 def test_success_ratio_paired_bootstrap():
     import pandas as pd
 
-    from apprentice.evaluation import success_ratio
+    from apprentice.evaluation.metrics import success_ratio
 
     ids = [f"p{i}" for i in range(40)]
     teacher = pd.DataFrame({"problem_id": ids, "sample_idx": 0, "success": [i < 20 for i in range(40)]})

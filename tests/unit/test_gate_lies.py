@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 from test_gates import _cfg
 
-from apprentice import gates
-from apprentice.dedupe import task_key
+from apprentice import gate
+from apprentice.data.dedupe import task_key
+from apprentice.data.trajectories import problems_frame, trajectories_frame, write_parquet
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths
 from apprentice.policies.oracle import OraclePolicy
-from apprentice.rollout import run_episodes
-from apprentice.shards import failed_episode
+from apprentice.rollout.episodes import run_episodes
+from apprentice.rollout.shards import failed_episode
 from apprentice.stages import validate
-from apprentice.trajectories import problems_frame, trajectories_frame, write_parquet
 
 FAMS = ("grid", "search", "store")
 SAMPLES = 4
@@ -59,7 +59,7 @@ def _set(df: pd.DataFrame, i: int, col: str, value) -> None:
 
 
 def _name(df: pd.DataFrame, i: int) -> str:
-    return gates.episode_name(df["problem_id"].iloc[i], int(df["sample_idx"].iloc[i]))
+    return gate.episode_name(df["problem_id"].iloc[i], int(df["sample_idx"].iloc[i]))
 
 
 def _calls(msgs):
@@ -75,7 +75,7 @@ def _gate(tmp_path, capsys, train, held, teacher, cfg=None):
     try:
         validate.run(cfg or _config(), paths)
         passed, err = True, ""
-    except gates.GateFailed as e:
+    except gate.GateFailed as e:
         passed, err = False, str(e)
     out = capsys.readouterr().out + err
     sft = pd.read_parquet(paths.sft_data) if paths.sft_data.exists() else None
@@ -90,7 +90,7 @@ def _assert_caught(result, named: dict[str, str], teacher: pd.DataFrame, fails: 
         line = [ln for ln in out.splitlines() if episode in ln]
         assert any(check in ln for ln in line) or check in out, f"{check} not named for {episode}:\n{out}"
     if sft is not None:
-        kept = {gates.episode_name(p, int(k)) for p, k in zip(sft["problem_id"], sft["sample_idx"], strict=True)}
+        kept = {gate.episode_name(p, int(k)) for p, k in zip(sft["problem_id"], sft["sample_idx"], strict=True)}
         assert not kept & set(named), f"bad rows reached sft.parquet: {kept & set(named)}"
         assert len(sft) == len(teacher) - len(named)
 
@@ -174,7 +174,7 @@ def test_duplicates_by_content_regardless_of_ids(data, tmp_path, capsys):
     t2 = pd.concat([t, copy_beyond, copy_policy, same_ids], ignore_index=True)
     passed, out, page, sft = _gate(tmp_path, capsys, train, held, t2)
     assert not passed
-    assert gates.episode_name(t["problem_id"].iloc[0], SAMPLES) in out
+    assert gate.episode_name(t["problem_id"].iloc[0], SAMPLES) in out
     assert "column=sample_idx" in out and "policy_id" in out
     assert "expect_compound_columns_to_be_unique(column_list=[\"problem_id\", \"sample_idx\"])" in out
 
@@ -199,7 +199,7 @@ def test_families_come_from_the_config_not_the_data(data, tmp_path, capsys):
     assert not passed and "column=family" in out
     store = t[t["family"] == "store"]
     for p, k in zip(store["problem_id"], store["sample_idx"], strict=True):
-        assert gates.episode_name(p, int(k)) in out
+        assert gate.episode_name(p, int(k)) in out
 
 
 def test_plugin_families_are_allowed(data):
@@ -231,8 +231,8 @@ def test_spec_values_outside_the_environment_are_named_failures(data, spec_edit,
     d = json.loads(t["spec"].iloc[i])
     spec_edit(d)
     bad = json.dumps(d)  # Infinity / NaN as JSON writes them
-    assert why in gates.spec_problem(bad)
-    found = gates.audit_episode(bad, t["messages"].iloc[i], t["tools"].iloc[i], True, 1.0)
+    assert why in gate.spec_problem(bad)
+    found = gate.audit_episode(bad, t["messages"].iloc[i], t["tools"].iloc[i], True, 1.0)
     assert why in found["spec"]
 
 
@@ -273,13 +273,13 @@ def test_text_hygiene_in_content_and_arguments_excludes(data, tmp_path, capsys):
 @pytest.mark.parametrize("text", ["a\x00b", "\x1b[2J", "x\x1b]0;title\x07", "ok\x0b", "\ud800", "Ã©tÃ©", "â€œquotedâ€\x9d",
                                   "\u202eevil", "zero\u200bwidth", "bad \ufffd byte"])
 def test_text_problem_names_each_kind(text):
-    assert gates.text_problem(text), text
+    assert gate.text_problem(text), text
 
 
 @pytest.mark.parametrize("text", ["plain text", "tabs\tand\nnewlines\r\n", "café naïve über", "Zürich — “quoted”",
                                   "emoji 😀", "日本語", "#12 blue mug $3.50"])
 def test_text_problem_passes_clean_text(text):
-    assert gates.text_problem(text) == "", text
+    assert gate.text_problem(text) == "", text
 
 
 def test_ungrounded_actions_and_privileged_information_exclude(data, tmp_path, capsys):
@@ -327,7 +327,7 @@ def test_rollout_failures_within_the_error_budget_are_excluded_and_named(data, t
                              str(t["policy_id"].iloc[i]), TimeoutError("read timed out")) for i in rows]
     t2 = t.drop(index=rows)
     t2 = pd.concat([t2, trajectories_frame(failed)], ignore_index=True)
-    names = {gates.episode_name(f.problem_id, f.sample_idx): "rollout failed" for f in failed}
+    names = {gate.episode_name(f.problem_id, f.sample_idx): "rollout failed" for f in failed}
     r = _gate(tmp_path, capsys, train, held, t2, _config(error_budget=0.1))
     _assert_caught(r, names, t2, fails=False)
     assert "read timed out" in r[1]
@@ -342,7 +342,7 @@ def test_no_false_positives_at_scale(family):
     """200 problems of each built-in family, every level, oracle rollouts: not one rejection (shell: 20,
     in Docker, ~1 min: slow)."""
     if family == "shell":
-        from apprentice.sandbox import Sandbox
+        from apprentice.infra.sandbox import Sandbox
 
         try:
             Sandbox().close()
@@ -353,8 +353,8 @@ def test_no_false_positives_at_scale(family):
     specs = [cls.generate(50_000 + i, i % 5) for i in range(n)]
     rows = trajectories_frame(run_episodes(problems_frame(specs, [i % 5 for i in range(n)], "train"), OraclePolicy(),
                                            progress=False))
-    assert gates.episode_rejections(rows, True, 20000) == []
-    res = gates.check(rows, "trajectories", {
+    assert gate.episode_rejections(rows, True, 20000) == []
+    res = gate.check(rows, "trajectories", {
         "max_truncation_rate": 0.0, "min_success_rate": 1.0, "eval_problem_ids": [], "families": [family],
         "train_problem_ids": [s.problem_id for s in specs], "max_message_chars": 20000, "error_budget": 0.0,
         "max_sample_idx": 0, "forbidden_tasks": []})

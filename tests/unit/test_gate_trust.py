@@ -10,16 +10,16 @@ import pandas as pd
 import pytest
 from test_gates import _cfg, _oracle_rows, _problems
 
-from apprentice import gates
-from apprentice.dedupe import content_key, find_content_duplicates
+from apprentice import gate
+from apprentice.data.dedupe import content_key, find_content_duplicates
+from apprentice.data.trajectories import problems_frame, trajectories_frame, write_parquet
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths
 from apprentice.policies.base import Turn
 from apprentice.policies.oracle import OraclePolicy
 from apprentice.policies.toolcalls import assistant_message, render_assistant
-from apprentice.rollout import run_episodes
+from apprentice.rollout.episodes import run_episodes
 from apprentice.stages import validate
-from apprentice.trajectories import problems_frame, trajectories_frame, write_parquet
 
 #: two grid seeds whose level-0 problems are the same episode (different specs, same content)
 TWIN_SEEDS = (11, 292)
@@ -94,7 +94,7 @@ def test_corruptions_fail_the_gate_naming_each_problem(base, tmp_path):
     paths.sft_data.parent.mkdir(parents=True, exist_ok=True)
     paths.sft_data.write_bytes(b"an SFT set from an earlier run")
 
-    with pytest.raises(gates.GateFailed) as err:
+    with pytest.raises(gate.GateFailed) as err:
         validate.run(_cfg(), paths)
     msg = str(err.value)
     assert not paths.sft_data.exists(), "a failed gate in the plain CLI must not leave an SFT set behind"
@@ -117,7 +117,7 @@ def test_corruptions_fail_the_gate_naming_each_problem(base, tmp_path):
     from apprentice.stages import sft
 
     write_parquet(teacher, paths.sft_data)
-    with pytest.raises(gates.GateFailed, match="gate FAILED"):
+    with pytest.raises(gate.GateFailed, match="gate FAILED"):
         sft.run(_cfg(), paths)
 
 
@@ -183,17 +183,17 @@ def test_excluded_episodes_are_counted_listed_and_never_trained_on(base, tmp_pat
     assert summary["sft_excluded_by_reason"] == {"invalid tool call": 2, "malformed turn": 1, "not a success": 1}
     page = (paths.reports / "gate.html").read_text()
     assert "excluded from the SFT set: 4" in page and all(p in page for p in pid[:4])
-    gates.require_passed(paths.sft_data, paths.gate_record)
+    gate.require_passed(paths.sft_data, paths.gate_record)
     write_parquet(sft.iloc[:2], paths.sft_data)  # changed after validation
-    with pytest.raises(gates.GateFailed, match="SHA-256"):
-        gates.require_passed(paths.sft_data, paths.gate_record)
+    with pytest.raises(gate.GateFailed, match="SHA-256"):
+        gate.require_passed(paths.sft_data, paths.gate_record)
 
 
 def test_missing_columns_fail_the_gate_naming_them(base, tmp_path):
     train, held, teacher = (x.copy() for x in base)
     paths = Paths(tmp_path, 1)
     _write(paths, train, held, teacher.drop(columns=["success", "tools"]))
-    with pytest.raises(gates.GateFailed) as err:  # not a KeyError
+    with pytest.raises(gate.GateFailed) as err:  # not a KeyError
         validate.run(_cfg(), paths)
     msg = str(err.value)
     assert "expect_column_to_exist(column=success)" in msg and "expect_column_to_exist(column=tools)" in msg
@@ -206,7 +206,7 @@ def test_sft_suite_has_zero_tolerance(base):
     m = _msgs(teacher, 0)
     next(x for x in m if x.get("tool_calls"))["tool_calls"][0]["function"]["name"] = "rm_rf"
     _set(teacher, 0, "messages", json.dumps(m))
-    res = gates.check(teacher, "sft_data", {"allowed_success": [True], "eval_problem_ids": [],
+    res = gate.check(teacher, "sft_data", {"allowed_success": [True], "eval_problem_ids": [],
                                             "max_message_chars": 20000})
     bad = {c.kwargs["column"]: c for c in res.failed}
     assert set(bad) == {"_tool_calls_ok", "_replay_ok", "_audit_ok"} and bad["_tool_calls_ok"].unexpected_count == 1

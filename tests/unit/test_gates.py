@@ -9,12 +9,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from apprentice import gates
+from apprentice import gate
 from apprentice.config import load_config
+from apprentice.data.trajectories import (
+    Trajectory,
+    problems_frame,
+    specs_of,
+    trajectories_frame,
+    write_parquet,
+)
 from apprentice.envs import FAMILIES, env_for
 from apprentice.paths import Paths
 from apprentice.stages import validate
-from apprentice.trajectories import Trajectory, problems_frame, specs_of, trajectories_frame, write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,7 +99,7 @@ def test_bad_rows_fail_the_gate_with_readable_report(clean, tmp_path):
     write_parquet(held, paths.eval_problems)
     write_parquet(pd.concat([teacher, bad, leak, trunc], ignore_index=True), paths.teacher_trajectories)
 
-    with pytest.raises(gates.GateFailed) as err:
+    with pytest.raises(gate.GateFailed) as err:
         validate.run(_cfg(), paths)
     msg = str(err.value)
     for expected in ["expect_column_values_to_be_unique(column=problem_id)",
@@ -110,8 +116,8 @@ def test_eval_results_suite_rejects_unknown_problem(clean):
     held = pd.read_parquet(clean.eval_problems)
     rows = _oracle_rows(held)
     ids = list(held["problem_id"])
-    assert gates.check(rows, "eval_results", {"eval_problem_ids": ids}).success
-    res = gates.check(rows, "eval_results", {"eval_problem_ids": ids[1:]})
+    assert gate.check(rows, "eval_results", {"eval_problem_ids": ids}).success
+    res = gate.check(rows, "eval_results", {"eval_problem_ids": ids[1:]})
     assert not res.success and res.failed[0].unexpected_count == 1
 
 
@@ -119,6 +125,6 @@ def test_eval_results_suite_rejects_a_partial_table():
     """A table that covers only part of the held-out set cannot be compared (the promotion gate)."""
     ids = [f"p{i}" for i in range(5)]
     part = pd.DataFrame({"problem_id": ids[:3], "policy_id": "x", "sample_idx": 0, "success": [True] * 3})
-    res = gates.check(part, "eval_results", {"eval_problem_ids": ids})
+    res = gate.check(part, "eval_results", {"eval_problem_ids": ids})
     assert not res.success
     assert [c.expectation for c in res.failed] == ["expect_column_distinct_values_to_contain_set"]

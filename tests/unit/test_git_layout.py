@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from apprentice import dvcgen
 from apprentice.config import ConfigError
+from apprentice.ops import dvcgen
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ["default", *sorted(p.stem for p in (ROOT / "apprentice" / "profiles").glob("*.yaml"))]

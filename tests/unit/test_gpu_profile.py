@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from apprentice import gpu
 from apprentice.config import GPUConfig, load_config
+from apprentice.infra import gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_gpu_launch_commands_are_well_formed():
     ns = launch_command_parser().parse_args(cmd[3:])
     assert ns.config_file == str(cfgfile) and ns.module and ns.training_script == "apprentice"
     # and the CLI prints the same command
-    out = subprocess.run([sys.executable, "-m", "apprentice.gpu", "launch", "sft", "--params", str(ROOT / "params.yaml")],
+    out = subprocess.run([sys.executable, "-m", "apprentice.infra.gpu", "launch", "sft", "--params", str(ROOT / "params.yaml")],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "accelerate.commands.launch" in shlex.split(out)[2]
 

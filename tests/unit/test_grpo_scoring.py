@@ -43,7 +43,7 @@ def test_flat_rows_over_a_shared_prefix_give_trls_logps_entropies_and_gradients(
     from trl import GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training.packing import SharedPromptScoring, shared_prompt_row
 
     tok = load_tokenizer(tiny_model_dir, "compact")
@@ -75,7 +75,7 @@ def test_flat_rows_over_a_shared_prefix_give_trls_logps_entropies_and_gradients(
 
 
 def test_blocks_trl_did_not_build_are_left_to_trl_and_unrelated_prompts_share_nothing(tiny_model_dir):
-    from apprentice.modeling import load_tokenizer
+    from apprentice.lm.modeling import load_tokenizer
     from apprentice.training.packing import shared_prompt_row
 
     tok = load_tokenizer(tiny_model_dir, "compact")
@@ -97,7 +97,7 @@ def test_a_model_that_would_attend_without_varlen_sdpa_is_scored_by_trl(tiny_mod
     from trl import GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training import packing
     from apprentice.training.packing import SharedPromptScoring, attention_of, use_varlen
 

@@ -15,14 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from apprentice import loop
 from apprentice.config import Config, ConfigError, load_config
+from apprentice.data.trajectories import problems_frame, specs_of, trajectories_frame
 from apprentice.envs import FAMILIES, env_for
 from apprentice.paths import Paths
 from apprentice.policies.base import Turn
 from apprentice.policies.toolcalls import assistant_message, render_assistant
-from apprentice.rollout import run_episodes
-from apprentice.trajectories import problems_frame, specs_of, trajectories_frame
+from apprentice.rollout.episodes import run_episodes
+from apprentice.training import loop_rules as loop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ def test_first_error_is_the_first_turn_off_the_teachers_path():
 
 
 def test_repair_continues_from_the_cut_and_trains_on_the_continuation_only(tmp_path, tiny_model_dir):
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.stages.loop_data import repaired
     from apprentice.training.sft import ApprenticeSFTTrainer, build_dataset, sft_trl_config
 
@@ -190,7 +190,7 @@ def test_sft_start_and_schedule_follow_the_rule(tmp_path):
 def test_a_trained_checkpoint_keeps_the_base_tokenizer_template_and_generation_config(tmp_path, tiny_model_dir):
     """What SFT of iteration k > 1 loads from the champion is what iteration 1 loaded from the base:
     the same tokenizer, chat template, response parser and generation settings (issue L item 0)."""
-    from apprentice.modeling import load_tokenizer
+    from apprentice.lm.modeling import load_tokenizer
     from apprentice.training.sft import train_sft
 
     cfg, _ = _cfg(tmp_path)
@@ -229,7 +229,7 @@ def test_a_fresh_adamw_moves_every_weight_by_the_full_lr_whatever_the_gradient_a
     at the base recipe's learning rate moves the median weight by ~lr on the very first step, as far
     as the first step from the base model did. Scaling the loss (hence every gradient) by 1/20 changes
     nothing; the continue rule (lr x lr_factor with warm-up) cuts the movement by at least lr_factor."""
-    from apprentice.modeling import load_tokenizer
+    from apprentice.lm.modeling import load_tokenizer
     from apprentice.training.sft import train_sft
 
     cfg, _ = _cfg(tmp_path)
@@ -265,8 +265,8 @@ def test_a_fresh_adamw_moves_every_weight_by_the_full_lr_whatever_the_gradient_a
 def test_comparing_loop_rules_keeps_iteration_1_cached():
     """``dvc exp run -S loop.rule=...`` must rerun from loop-data-2 on: no stage of iteration 1 may
     declare a ``loop`` param (sft-1 once did, so every rule retrained and re-evaluated iteration 1)."""
-    from apprentice import dvcgen
     from apprentice.config import load_raw
+    from apprentice.ops import dvcgen
 
     stages = dvcgen.pipeline(load_raw(Path(__file__).resolve().parents[2] / "params.yaml"))["stages"]
     first = {name: spec for name, spec in stages.items() if name.endswith("-1") or name == "evaluate-1"}

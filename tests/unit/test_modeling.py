@@ -1,4 +1,4 @@
-"""apprentice.modeling: the chat template TRL accepts, dtype choice, tiny models, safe saving."""
+"""apprentice.lm.modeling: the chat template TRL accepts, dtype choice, tiny models, safe saving."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from apprentice import modeling
+from apprentice.lm import modeling
 
 
 def test_resolve_dtype_explicit_and_auto():
     assert modeling.resolve_dtype("fp32") == torch.float32
     assert modeling.resolve_dtype("bf16") == torch.bfloat16
     auto = modeling.resolve_dtype("auto", device="cpu")
-    from apprentice.dtypes import cpu_auto
+    from apprentice.lm.dtypes import cpu_auto
 
     assert auto == {"bf16": torch.bfloat16, "fp32": torch.float32}[cpu_auto().dtype]  # measured, then cached
     with pytest.raises(ValueError, match="'bf16', 'fp32' or 'auto'"):

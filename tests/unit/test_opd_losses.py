@@ -126,7 +126,7 @@ def test_privileged_context_reaches_only_the_teacher_view():
 
 
 def test_mean_logprobs_scores_only_the_action_tokens(tiny_model_dir, smol_tokenizer_dir):
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training.opd.mixed import mean_logprobs
 
     tok, model = load_tokenizer(smol_tokenizer_dir), load_model(tiny_model_dir)
@@ -143,10 +143,10 @@ def test_mean_logprobs_scores_only_the_action_tokens(tiny_model_dir, smol_tokeni
 
 
 def test_encode_trajectory_masks_student_turns_and_aligns_the_privileged_teacher(smol_tokenizer_dir):
-    from apprentice.modeling import load_tokenizer
+    from apprentice.data.trajectories import Trajectory
+    from apprentice.lm.modeling import load_tokenizer
     from apprentice.policies.toolcalls import assistant_message
     from apprentice.training.opd.mixed import ACTOR_KEY, encode_trajectory
-    from apprentice.trajectories import Trajectory
 
     tok = load_tokenizer(smol_tokenizer_dir)
     tools = [{"type": "function", "function": {"name": "press", "description": "Press a key.",

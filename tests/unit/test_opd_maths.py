@@ -116,7 +116,7 @@ def test_rollouts_leave_the_global_rngs_alone():
 
     from apprentice.envs import FAMILIES
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     specs = [FAMILIES["grid"].generate(1, 0)]
     torch.manual_seed(123)

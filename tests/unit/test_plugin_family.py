@@ -68,7 +68,7 @@ def test_a_plugin_family_resolves_everywhere_a_family_name_is_looked_up(plugin):
     from apprentice.config import Config
     from apprentice.envs.evolve import directions_of
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
     from apprentice.stages.benchmark import generate_unique
 
     assert not FAMILIES.registered("tally")  # nothing loaded it yet
@@ -90,9 +90,9 @@ def test_a_plugin_family_resolves_everywhere_a_family_name_is_looked_up(plugin):
 
 def test_plugin_version_and_source_are_in_fingerprints_and_dvc_deps(plugin, tmp_path):
     from apprentice.config import Config, PolicyConfig
-    from apprentice.dvcgen import pipeline
-    from apprentice.shards import fingerprint
-    from apprentice.trajectories import problems_frame
+    from apprentice.data.trajectories import problems_frame
+    from apprentice.ops.dvcgen import pipeline
+    from apprentice.rollout.shards import fingerprint
 
     spec = FAMILIES["tally"].generate(1, 0)
     problems = problems_frame([spec], [0], split="train")

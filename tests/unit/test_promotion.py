@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from apprentice.config import load_config
+from apprentice.data.trajectories import write_parquet
 from apprentice.paths import Paths
 from apprentice.stages.promote import decide
 from apprentice.stages.sft import start_record
-from apprentice.trajectories import write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
 IDS = [f"p{i:02d}" for i in range(30)]
@@ -55,7 +55,7 @@ def _iteration(root: Path, k: int, successes: list[bool], candidate: str, base: 
 
 
 def test_champion_stays_when_challenger_is_worse(store):
-    from apprentice import lineage
+    from apprentice.ops import lineage
     from apprentice.stages import promote
 
     cfg = load_config(REPO / "params.yaml")
@@ -86,7 +86,7 @@ def test_champion_stays_when_challenger_is_worse(store):
 def test_rewound_registry_lets_a_second_iteration_2_meet_iteration_1s_champion(store):
     """Two loop rules re-run iteration 2 in one workspace (bench/loop_rules.py): after ``lineage.rewind``
     the second rule's promote-2 meets v1, the champion iteration 1 left, not the first rule's v2."""
-    from apprentice import lineage
+    from apprentice.ops import lineage
     from apprentice.stages import promote
 
     cfg = load_config(REPO / "params.yaml")
@@ -104,7 +104,7 @@ def test_rewound_registry_lets_a_second_iteration_2_meet_iteration_1s_champion(s
 def test_first_candidate_must_beat_the_base_model(store):
     """An empty registry's incumbent is the base model: a candidate no better than it is registered as
     challenger only, no alias says 'champion', and the next iteration starts from the base model again."""
-    from apprentice import lineage
+    from apprentice.ops import lineage
     from apprentice.stages import promote
 
     cfg = load_config(REPO / "params.yaml").model_copy(deep=True)
@@ -128,7 +128,7 @@ def test_dead_tracking_server_fails_fast_with_a_fix(monkeypatch, tmp_path):
     import socket
     import time
 
-    from apprentice import lineage
+    from apprentice.ops import lineage
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -156,7 +156,7 @@ def test_rerun_of_promote_is_idempotent_and_leaves_the_flow_run_running(store, m
     its recorded decision; the run handed over by the flow is not closed by the stage."""
     from mlflow import MlflowClient
 
-    from apprentice import lineage
+    from apprentice.ops import lineage
     from apprentice.stages import promote
 
     cfg = load_config(REPO / "params.yaml")
@@ -219,7 +219,7 @@ def tracking_server(tmp_path_factory):
 def test_promotion_registers_and_moves_aliases_on_a_tracking_server(tracking_server, tmp_path, monkeypatch):
     """The registry calls of promote against a tracking server over HTTP (the shared-stores setup):
     register a version per iteration, move the aliases, find the same version again on a rerun."""
-    from apprentice import lineage
+    from apprentice.ops import lineage
     from apprentice.stages import promote
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_server)
@@ -239,7 +239,7 @@ def test_a_champion_whose_table_was_rewritten_is_not_compared_on_the_new_rows(st
     """`dvc exp run` of another loop rule in the same workspace rewrites the champion's evaluation table
     and weights (same paths). promote must not read those rows as the champion's: it keeps the champion,
     saying why, instead of comparing a challenger against a table that is no longer the champion's."""
-    from apprentice import lineage
+    from apprentice.ops import lineage
     from apprentice.stages import promote
 
     cfg = load_config(REPO / "params.yaml")

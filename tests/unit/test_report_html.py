@@ -1,4 +1,4 @@
-"""The iteration report page (apprentice/report_html.py): content from real stage-output formats,
+"""The iteration report page (apprentice/ops/report_html.py): content from real stage-output formats,
 robust to missing inputs, self-contained (no scripts, no external resources)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from apprentice import report_html
-from apprentice.evaluation import summarize
+from apprentice.evaluation.metrics import summarize
+from apprentice.ops import report_html
 from apprentice.paths import Paths
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 
 from apprentice.config import Config
+from apprentice.data.trajectories import problems_frame, write_parquet
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths
 from apprentice.training import common
-from apprentice.trajectories import problems_frame, write_parquet
 
 
 def _md5(path) -> str:
@@ -34,8 +34,8 @@ def test_stage_fingerprint_follows_content_not_mtime(tmp_path):
 
 def test_fingerprints_do_not_depend_on_where_the_checkout_is(tmp_path):
     """A clone at another path (a second machine, CI) must stamp the same bytes into its outputs."""
-    from apprentice import shards
     from apprentice.config import PolicyConfig
+    from apprentice.rollout import shards
 
     stamps, tables = [], []
     for where in ("machine1", "elsewhere/machine2"):

@@ -11,9 +11,9 @@ import pytest
 
 from apprentice.config import load_config
 from apprentice.curriculum import PassRate
+from apprentice.data.trajectories import problems_frame
 from apprentice.envs import FAMILIES
 from apprentice.stages import rl as rl_stage
-from apprentice.trajectories import problems_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,7 @@ import os
 import pandas as pd
 import pytest
 
-from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
-from apprentice.policies.base import Turn
-from apprentice.rollout import run_episodes
-from apprentice.trajectories import (
+from apprentice.data.trajectories import (
     TRAJECTORY_COLUMNS,
     problems_frame,
     read_parquet,
@@ -19,6 +16,9 @@ from apprentice.trajectories import (
     trajectories_frame,
     write_parquet,
 )
+from apprentice.envs.base import DifficultyAxis, Environment, ProblemSpec, ToolCall, tool
+from apprentice.policies.base import Turn
+from apprentice.rollout.episodes import run_episodes
 
 
 class CounterEnv(Environment):
@@ -276,8 +276,8 @@ def test_parquet_write_is_atomic(tmp_path):
 
 def test_oracle_policy_solves_every_real_family_at_every_level():
     from apprentice.envs import FAMILIES
+    from apprentice.infra.sandbox import engine_available
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.sandbox import engine_available
 
     families = {name: cls for name, cls in FAMILIES.items() if name != "shell" or engine_available()[0]}  # shell: Docker
     specs = [cls.generate(seed, level) for cls in families.values() for level in (0, 1, 2) for seed in (11, 12)]
@@ -293,7 +293,7 @@ def test_episode_token_budget_counts_tool_responses_like_grpo():
     oracle solves every problem unbudgeted, and fails once the budget is below its transcript."""
     from apprentice.envs import FAMILIES
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     specs = [FAMILIES["search"].generate(seed=i, level=2) for i in range(3)]
     words = lambda s: len(s.split())  # noqa: E731 - a stand-in token counter

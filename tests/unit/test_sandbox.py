@@ -1,4 +1,4 @@
-"""Docker sandbox (apprentice/sandbox.py) on a real engine: hardening, and escape / abuse attempts.
+"""Docker sandbox (apprentice/infra/sandbox.py) on a real engine: hardening, and escape / abuse attempts.
 
 Each abuse test asserts that the host is untouched and that the sandbox answers the next command
 (or, where the limit had to kill it, that the failure is an ordinary result, never an exception).
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from apprentice import sandbox as sb
+from apprentice.infra import sandbox as sb
 
 OK, WHY = sb.engine_available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"no Docker engine: {WHY}")
@@ -122,7 +122,7 @@ def test_sandbox_container_is_removed_on_close():
 
 _CHILD = """
 import sys, time
-from apprentice.sandbox import Sandbox
+from apprentice.infra.sandbox import Sandbox
 b = Sandbox()
 b.run("echo ready")
 print(b.container_id, flush=True)

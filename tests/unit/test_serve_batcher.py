@@ -1,10 +1,10 @@
-"""apprentice.serve.MicroBatcher: requests held back for other sampling settings are batched together."""
+"""apprentice.infra.serve.MicroBatcher: requests held back for other sampling settings are batched together."""
 
 from __future__ import annotations
 
 import threading
 
-from apprentice.serve import MicroBatcher
+from apprentice.infra.serve import MicroBatcher
 
 
 class RecordingPolicy:

@@ -13,7 +13,7 @@ def _batch(tok, seeds=(0, 1, 2)):
     """Oracle episodes of one family (grid, level 0) as (token ids, labels on the assistant tokens)."""
     from apprentice.envs import FAMILIES
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     specs = [FAMILIES["grid"].generate(seed, 0) for seed in seeds]
     trajs = run_episodes(specs, OraclePolicy(), progress=False)
@@ -46,7 +46,7 @@ def _flat(items):
 
 
 def test_padding_free_compact_loss_and_grads_equal_the_padded_full_head(tiny_model_dir):
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training.packing import compact_nll, use_varlen
 
     tok = load_tokenizer(tiny_model_dir, "compact")
@@ -76,7 +76,7 @@ def test_padding_free_compact_loss_and_grads_equal_the_padded_full_head(tiny_mod
 def test_a_shared_prefix_encoded_once_gives_the_same_loss_and_gradients(tiny_model_dir):
     """Three conversations of one family: the flattened row without the repeated system prompt and tool
     schemas is shorter by twice their common prefix, and its loss and gradients are the same."""
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.training.packing import compact_nll, share_prefix, use_varlen
 
     tok = load_tokenizer(tiny_model_dir, "compact")
@@ -104,7 +104,7 @@ def test_a_shared_prefix_encoded_once_gives_the_same_loss_and_gradients(tiny_mod
 
 
 def test_share_prefix_stops_before_a_supervised_token_and_leaves_unrelated_batches_alone(tiny_model_dir):
-    from apprentice.modeling import load_tokenizer
+    from apprentice.lm.modeling import load_tokenizer
     from apprentice.training.packing import share_prefix
 
     tok = load_tokenizer(tiny_model_dir, "compact")
@@ -163,7 +163,7 @@ def test_student_layer_rules(n_keep, expected):
 
 
 def test_block_influence_is_one_minus_each_layers_input_output_cosine(tiny_model_dir):
-    from apprentice.modeling import load_model
+    from apprentice.lm.modeling import load_model
     from apprentice.training.student import block_influence, block_similarity
 
     model = load_model(tiny_model_dir, dtype="fp32")
@@ -177,9 +177,9 @@ def test_block_influence_is_one_minus_each_layers_input_output_cosine(tiny_model
 def test_the_sft_trainer_draws_micro_batches_of_one_family(tiny_model_dir, tmp_path):
     from apprentice.config import SFTConfig
     from apprentice.envs import FAMILIES
-    from apprentice.modeling import load_model, load_tokenizer
+    from apprentice.lm.modeling import load_model, load_tokenizer
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
     from apprentice.training.packing import PrefixGroupedSampler, share_prefix
     from apprentice.training.sft import PREFIX_GROUP, ApprenticeSFTTrainer, build_dataset, sft_trl_config
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from apprentice import shards
 from apprentice.config import Config
+from apprentice.data.trajectories import problems_frame, write_parquet
 from apprentice.envs import FAMILIES
 from apprentice.paths import Paths
 from apprentice.policies.base import Turn
 from apprentice.policies.oracle import OraclePolicy
-from apprentice.trajectories import problems_frame, write_parquet
+from apprentice.rollout import shards
 
 
 class FlakyEndpoint(OraclePolicy):
@@ -84,7 +84,7 @@ def test_failed_requests_keep_finished_shards_and_a_rerun_runs_only_the_rest(tmp
     assert out["episodes"] == 6 and out["success_rate"] == 1.0
     table = pd.read_parquet(out["out"])
     assert list(table["problem_id"]) == list(df["problem_id"])  # in problem order
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     alone = FlakyEndpoint(set())
     run_episodes(df.iloc[4:5], alone, progress=False)

@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 
-from apprentice import sandbox as sb
 from apprentice.envs import FAMILIES, ProblemSpec, ToolCall, evolve, replay
 from apprentice.envs.shell import LEVELS, ShellEnv
+from apprentice.infra import sandbox as sb
 
 OK, WHY = sb.engine_available()
 needs_engine = pytest.mark.skipif(not OK, reason=f"no Docker engine: {WHY}")
@@ -119,7 +119,7 @@ def test_shell_instances_are_reused_across_resets_and_free_their_containers():
 @needs_engine
 def test_shell_runs_in_the_batched_rollout_engine_and_leaves_no_container():
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     specs = [ShellEnv.generate(s, lv) for s, lv in ((21, 0), (22, 1), (23, 2))]
     trajs = run_episodes(specs, OraclePolicy(), samples_per_problem=1, progress=False)

@@ -26,8 +26,8 @@ from typing import Any
 
 from dvcstages import expand
 
-from apprentice import dvcgen
 from apprentice.config import PROFILES_DIR, load_raw
+from apprentice.ops import dvcgen
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "fixtures" / "dvc_stage_graph.json"

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from apprentice import dvcgen, pipeline
+from apprentice import pipeline
 from apprentice.__main__ import _parser, main
 from apprentice.config import load_raw
+from apprentice.ops import dvcgen
 from apprentice.paths import Paths
 from apprentice.pipeline import IO, NoCache, Stage
 

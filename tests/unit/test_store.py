@@ -109,7 +109,7 @@ def test_larger_scale_extends_the_world(scale):
 
 def test_rollout_engine_with_oracle_policy_solves_store():
     from apprentice.policies.oracle import OraclePolicy
-    from apprentice.rollout import run_episodes
+    from apprentice.rollout.episodes import run_episodes
 
     specs = [StoreEnv.generate(i, i % 4) for i in range(8)]
     trajs = run_episodes(specs, OraclePolicy(), progress=False)

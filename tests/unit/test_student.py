@@ -40,7 +40,7 @@ def test_pruned_student_is_smaller_fresh_and_copies_weights():
 
 
 def test_pruned_student_forward_and_cached_generation_match_vocab(smol_tokenizer_dir):
-    from apprentice.modeling import load_tokenizer
+    from apprentice.lm.modeling import load_tokenizer
 
     tok = load_tokenizer(smol_tokenizer_dir)
     teacher = _llama(4, vocab=len(tok))

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from apprentice.config import Config
-from apprentice.dedupe import spec_content_key as content_key
+from apprentice.data.dedupe import spec_content_key as content_key
+from apprentice.data.trajectories import PROBLEM_COLUMNS, specs_of
 from apprentice.envs import FAMILIES, replay
 from apprentice.paths import Paths
 from apprentice.stages import benchmark, synth
-from apprentice.trajectories import PROBLEM_COLUMNS, specs_of
 
 
 def _cfg(n_eval: int = 6, **synth_over) -> Config:
@@ -176,8 +176,8 @@ def test_the_shipped_benchmark_can_tell(tmp_path):
     from pathlib import Path
 
     from apprentice.config import load_config
-    from apprentice.dedupe import spec_task_key
-    from apprentice.evaluation import wilson_interval
+    from apprentice.data.dedupe import spec_task_key
+    from apprentice.evaluation.metrics import wilson_interval
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "params.yaml")
     assert cfg.benchmark.n >= 160

@@ -36,7 +36,7 @@ def test_render_parse_round_trip(msg):
 def test_render_matches_chat_template_and_trl_parser_agrees(smol_tokenizer_dir):
     from trl.chat_template_utils import parse_response
 
-    from apprentice.modeling import load_tokenizer
+    from apprentice.lm.modeling import load_tokenizer
 
     tok = load_tokenizer(smol_tokenizer_dir)
     history = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]

@@ -1,6 +1,6 @@
 """Mixed student/teacher multi-turn rollouts, and their conversion into training tensors.
 
-Why a :class:`MixedPolicy` and not a new loop: the rollout engine (``apprentice.rollout.run_episodes``)
+Why a :class:`MixedPolicy` and not a new loop: the rollout engine (``apprentice.rollout.episodes.run_episodes``)
 already runs many episodes in lock-step, executes tools, turns malformed calls into error observations
 and caps turns. A mixed rollout differs only in *who* writes each assistant turn, which is exactly a
 policy's job. ``MixedPolicy`` sets ``needs_oracle_plan`` so the engine hands it each episode's private
@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from apprentice import modeling
+from apprentice.data.trajectories import Trajectory
 from apprentice.envs import FAMILIES, Environment, ProblemSpec
+from apprentice.lm import modeling
 from apprentice.policies.base import Message, Turn
 from apprentice.training.opd.executors import STUDENT, TEACHER, EpisodeState, Executor
 from apprentice.training.opd.privileged import Kind, privileged_messages
-from apprentice.trajectories import Trajectory
 
 ACTOR_KEY = "opd_actor"
 

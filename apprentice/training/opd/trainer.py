@@ -37,7 +37,7 @@ from trl.trainer.utils import pad, selective_log_softmax
 from apprentice.envs import Environment, ProblemSpec
 from apprentice.envs.base import derive_seed
 from apprentice.policies.hf_cached import CachedHFPolicy
-from apprentice.rollout import run_episodes
+from apprentice.rollout.episodes import run_episodes
 from apprentice.training.opd.annealing import group_advantages, policy_gradient_loss, token_share
 from apprentice.training.opd.losses import chunked_per_token_divergence
 from apprentice.training.opd.mixed import (
@@ -248,7 +248,7 @@ def make_trainer(recipe: Recipe, *, student: Any, teacher: Any | None, tokenizer
 
     ``batch_size`` counts *problems* per step; each runs ``recipe.samples_per_problem`` episodes.
     """
-    from apprentice.modeling import resolve_dtype
+    from apprentice.lm.modeling import resolve_dtype
     from apprentice.training.common import trl_args
 
     if recipe.temperature is not None:

@@ -1,4 +1,4 @@
-"""A small OpenAI-compatible server for a local model: ``python -m apprentice.serve --model models/base``.
+"""A small OpenAI-compatible server for a local model: ``python -m apprentice.infra.serve --model models/base``.
 
 It lets anything that speaks chat completions with tools (``OpenAICompatiblePolicy``, other
 agent frameworks, curl) use a pipeline model, and it is the real server the integration tests
@@ -165,7 +165,7 @@ def create_app(policy: Any, model_name: str, *, batch_size: int = 16, api_key: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m apprentice.serve", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m apprentice.infra.serve", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="HF folder or id (e.g. models/base)")
     p.add_argument("--name", default=None, help="model name reported by /v1/models (default: folder name)")
     p.add_argument("--host", default="127.0.0.1")

@@ -3,12 +3,12 @@
 Why a module of its own: the CPU default must stay as simple as it is, so every GPU-only dependency
 (vLLM, a CUDA torch, DeepSpeed's kernels) is checked here, once, with one error that names the
 extra to install, instead of failing deep inside TRL with an ImportError. Launching is delegated to
-the existing engines: ``accelerate launch`` with the configs in ``apprentice/accelerate/`` (DeepSpeed
+the existing engines: ``accelerate launch`` with the configs in ``apprentice/infra/accelerate/`` (DeepSpeed
 ZeRO-3 or FSDP2), TRL's own ``use_vllm`` for generation inside GRPO and distillation, and ``vllm
 serve`` (OpenAI-compatible) when a large model is the teacher.
 
-    python -m apprentice.gpu check --profile gpu         # what is missing, or "ready"
-    python -m apprentice.gpu launch sft --profile gpu    # prints the accelerate command for a stage
+    python -m apprentice.infra.gpu check --profile gpu         # what is missing, or "ready"
+    python -m apprentice.infra.gpu launch sft --profile gpu    # prints the accelerate command for a stage
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def vllm_serve_command(model: str, port: int = 8000, gpu_memory_utilization: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m apprentice.gpu", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m apprentice.infra.gpu", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["check", "launch"])
     p.add_argument("stage", nargs="?", default="sft")
     p.add_argument("--profile", default="gpu")

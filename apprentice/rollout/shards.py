@@ -6,7 +6,7 @@ episode, and the rerun (or the Prefect retry) started from zero; a read-only out
 after all episodes had run.
 
 Here the stage's problems are cut into shards of ``shard_size`` problems. Each shard runs through the
-batched engine (``run_chunk``, e.g. ``apprentice.rollout.run_episodes`` on those rows) as one batch and
+batched engine (``run_chunk``, e.g. ``apprentice.rollout.episodes.run_episodes`` on those rows) as one batch and
 its finished episodes are written atomically to ``.<output>.shards-<fingerprint>/`` beside the output,
 so a rerun with the same inputs loads them and plays only what is missing. Failures are per episode:
 the policy retries each request on its own, and a request that still fails ends only its episode, as
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from apprentice import codedeps
-from apprentice.trajectories import Trajectory, trajectories_frame, write_parquet
+from apprentice.data.trajectories import Trajectory, trajectories_frame, write_parquet
 
 if TYPE_CHECKING:
     from apprentice.config import Config, PolicyConfig
@@ -276,7 +276,7 @@ def _write_failures(path: Path, failed: list[Trajectory]) -> None:
 
 
 def _finished_before(exc: BaseException) -> list[Trajectory]:
-    from apprentice.rollout import finished_before
+    from apprentice.rollout.episodes import finished_before
 
     return finished_before(exc)
 

@@ -13,7 +13,7 @@ process outlives the command that started it (fork bombs, ``sleep 1000 &``). PID
 loop that the sandbox user cannot kill (the init of a pid namespace ignores SIGKILL from inside) and
 that reaps orphans, so a fork bomb's zombies do not eat the pids limit.
 
-Nothing is left behind: containers carry the label ``apprentice.sandbox`` and an owner label
+Nothing is left behind: containers carry the label ``apprentice.infra.sandbox`` and an owner label
 (host, pid, process start time); each container's PID 1 exits after ``lifetime_s`` (and the engine
 removes it: ``auto_remove``); a watchdog process removes the owner's containers the moment the owner
 dies, even by ``kill -9``; and the first sandbox of a process sweeps containers whose owner is dead.
@@ -49,7 +49,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-LABEL = "apprentice.sandbox"
+LABEL = "apprentice.infra.sandbox"
 OWNER_LABEL = "apprentice.owner"
 DEFAULT_IMAGE = "apprentice-sandbox:busybox-1"
 ENGINE_HINT = 'start one with: eval "$(bash scripts/docker-engine.sh)"'
@@ -270,7 +270,7 @@ def _start_watchdog() -> None:
         return
     client()
     env = {**os.environ, "DOCKER_HOST": _host[0]}
-    _watchdog = subprocess.Popen([sys.executable, "-m", "apprentice.sandbox", "watch", owner_id()],
+    _watchdog = subprocess.Popen([sys.executable, "-m", "apprentice.infra.sandbox", "watch", owner_id()],
                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
                                  start_new_session=True)
 
@@ -524,5 +524,5 @@ if __name__ == "__main__":
     elif len(sys.argv) == 2 and sys.argv[1] == "sweep":
         print(f"removed {remove_containers(only_orphans=True)} orphaned sandbox container(s)")
     else:
-        print("usage: python -m apprentice.sandbox sweep | watch OWNER", file=sys.stderr)
+        print("usage: python -m apprentice.infra.sandbox sweep | watch OWNER", file=sys.stderr)
         sys.exit(2)

@@ -35,9 +35,9 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+from apprentice.data.trajectories import Trajectory, specs_of
 from apprentice.envs import Environment, ProblemSpec, ToolCall, resolve
 from apprentice.policies.base import Message, Policy, Turn
-from apprentice.trajectories import Trajectory, specs_of
 
 log = logging.getLogger(__name__)
 

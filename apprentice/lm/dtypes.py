@@ -95,7 +95,7 @@ def measure(reps: int = 5) -> tuple[float, float]:
     thread** and reads **that thread's CPU time** (the kernels' speed, not the machine's load; 3.7x
     both quiet and loaded on that Xeon), after a warm-up round times ``_UNIT`` blocks per dtype in
     A-B-B-A order for each of ``reps`` rounds and takes the *median* per-round ratio. Under
-    ``no_grad``, as generation runs (:func:`apprentice.modeling.generation`)."""
+    ``no_grad``, as generation runs (:func:`apprentice.lm.modeling.generation`)."""
     g = torch.Generator().manual_seed(0)
     up = torch.nn.Linear(_HIDDEN, _INTER, bias=False)
     down = torch.nn.Linear(_INTER, _HIDDEN, bias=False)
@@ -141,7 +141,7 @@ _UNIT = 8
 
 
 def _cache_file() -> Path:
-    from apprentice.modeling import default_cache_dir
+    from apprentice.lm.modeling import default_cache_dir
 
     return default_cache_dir() / "dtype-auto.json"
 

@@ -11,7 +11,7 @@ Why this module exists (each item was measured, see shared/design/TRL-CPU-NOTES.
   ``qwen3_template`` parser; it is saved in ``tokenizer_config.json`` and survives reloads.
 * **Padding.** Generation needs LEFT padding so every row's last position is its real last token.
 * **dtype.** bf16 autocast is 2-3x faster on CPUs with AMX/avx512_bf16 and slower elsewhere, so
-  ``auto`` measures it once per machine (:mod:`apprentice.dtypes`). Weights stay fp32; only compute
+  ``auto`` measures it once per machine (:mod:`apprentice.lm.dtypes`). Weights stay fp32; only compute
   runs in bf16 (autocast).
 * **use_cache.** TRL's trainers save ``use_cache=False``; a model built from such a config
   generates 10-20x slower. :func:`fix_generation_config` runs before every save.
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from apprentice.paths import atomic_path
 
-TEMPLATES_DIR = Path(__file__).parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
 COMPACT_TEMPLATE_FILE = TEMPLATES_DIR / "smol_tools.jinja"
 SMOL_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ChatTemplate = Literal["compact", "qwen2.5", "model"]
@@ -152,8 +152,8 @@ def smol_tokenizer_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 @functools.cache
 def cpu_supports_bf16() -> bool:
     """True when the CPU has native bf16 matmuls (Intel AMX or AVX512-BF16); Linux only. Informational:
-    ``auto`` is decided by :func:`apprentice.dtypes.cpu_auto`'s measurement, not by these flags."""
-    from apprentice.dtypes import cpu_flags
+    ``auto`` is decided by :func:`apprentice.lm.dtypes.cpu_auto`'s measurement, not by these flags."""
+    from apprentice.lm.dtypes import cpu_flags
 
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
@@ -161,7 +161,7 @@ def cpu_supports_bf16() -> bool:
 def resolve_dtype(value: str | torch.dtype = "auto", device: str | None = None) -> torch.dtype:
     """``bf16`` / ``fp32`` / ``auto`` -> the compute dtype. ``auto`` picks bf16 only where it is
     fast: CUDA with bf16 support, or a CPU where bf16 autocast measured faster than fp32 within
-    tolerance (:mod:`apprentice.dtypes`); fp32 otherwise."""
+    tolerance (:mod:`apprentice.lm.dtypes`); fp32 otherwise."""
     if isinstance(value, torch.dtype):
         return value
     if value in _DTYPES:
@@ -171,7 +171,7 @@ def resolve_dtype(value: str | torch.dtype = "auto", device: str | None = None) 
     device = device or default_device()
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    from apprentice.dtypes import cpu_auto
+    from apprentice.lm.dtypes import cpu_auto
 
     return _DTYPES[cpu_auto().dtype]
 

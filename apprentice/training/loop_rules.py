@@ -121,7 +121,7 @@ def first_error(messages: Sequence[Mapping[str, Any]], plan: Sequence[Mapping[st
     Why "leaves the plan" and not "the first error observation": a wrong move can be legal (no
     error shown) and still lose the episode; and the state before the first departure is the
     teacher's own state, so the teacher's continuation from it is valid by construction for any
-    family (replayed in a fresh environment, :func:`apprentice.rollout.run_episodes` ``starts``)."""
+    family (replayed in a fresh environment, :func:`apprentice.rollout.episodes.run_episodes` ``starts``)."""
     k = 0
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":

@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from apprentice import curves as dvclive_files
 from apprentice.paths import Paths, atomic_path, eval_jsons
+from apprentice.training import curves as dvclive_files
 
 #: Training stages and the model folder whose ``dvclive/`` (or ``metrics.jsonl``) holds their per-step logs.
 TRAINING = [("sft", "sft"), ("rl", "rl"), ("distill", "student")]
@@ -117,8 +117,8 @@ def exclusions(paths: Paths, success_only: bool) -> dict[str, int] | None:
     """Teacher rows the gate left out of the SFT set, by reason (None without teacher data)."""
     if not paths.teacher_trajectories.exists():
         return None
+    from apprentice.data.trajectories import read_parquet
     from apprentice.stages.validate import sft_rows
-    from apprentice.trajectories import read_parquet
 
     try:
         teacher = read_parquet(paths.teacher_trajectories)

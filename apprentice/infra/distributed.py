@@ -2,7 +2,7 @@
 
 Why Ray and not a scheduler of our own: the frameworks users outgrow this machine into (verl,
 OpenRLHF, SkyRL, NeMo-RL) all put rollouts on Ray, so a cluster they already run can take ours.
-Why wrap :func:`apprentice.rollout.run_episodes` instead of distributing inside it: the engine stays
+Why wrap :func:`apprentice.rollout.episodes.run_episodes` instead of distributing inside it: the engine stays
 the single implementation of an episode (batching, budgets, parse errors), ``local`` stays exactly as
 simple as it was, and each actor runs that very function on its shard, so greedy results are
 byte-identical to ``local``.
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from apprentice import rollout
+from apprentice.data.trajectories import Trajectory, specs_of
 from apprentice.envs import ProblemSpec
-from apprentice.trajectories import Trajectory, specs_of
+from apprentice.rollout import episodes as rollout
 
 if TYPE_CHECKING:
     from apprentice.config import RayConfig
@@ -66,7 +66,7 @@ def run_episodes(
     seed: int = 0,
     **engine_kwargs: Any,
 ) -> list[Trajectory]:
-    """:func:`apprentice.rollout.run_episodes` on ``engine``; ``policy`` is a Policy or a zero-argument
+    """:func:`apprentice.rollout.episodes.run_episodes` on ``engine``; ``policy`` is a Policy or a zero-argument
     factory returning one (a factory lets each Ray actor build its own replica instead of shipping a
     built one). ``engine_kwargs`` go to the engine unchanged (samples_per_problem, batch_size, ...)."""
     if engine not in ENGINES:

@@ -4,7 +4,7 @@ Layout of the store (one MLflow experiment, ``lineage.experiment``):
 
 * one **parent run per iteration** (``iter-<k>``; tags: iteration, profile, git commit);
 * one **nested run per stage** (tags ``dvc.stage``, ``dvc.executed``; the stage's params; per-step
-  metrics read from the stage's DVCLive files (``apprentice.curves``, the same files DVC plots); its DVC inputs and outputs as ``mlflow.data``
+  metrics read from the stage's DVCLive files (``apprentice.training.curves``, the same files DVC plots); its DVC inputs and outputs as ``mlflow.data``
   datasets whose digest is the DVC md5 from ``dvc.lock``);
 * the **registry**: each iteration's candidate model registered **by reference** (a tiny pyfunc
   whose ``model_config`` holds the weights path, DVC md5 and git commit; the weights stay in DVC,
@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from apprentice import curves
+from apprentice.training import curves
 
 # Set before mlflow is imported anywhere in this process (its env vars are read lazily, but early is safe).
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

@@ -4,7 +4,7 @@ A training stage logs through DVCLive (``apprentice.training.loggers``) into ``<
 ``metrics.json`` (the last value of each metric, DVC's *metrics*) and ``plots/metrics/<name>.tsv``
 (``step`` and the value, one row per logging step, DVC's *plots*). DVC reads those files itself
 (``dvc plots show/diff``, ``dvc exp show``); this module is the one reader for the rest of the project
-(MLflow step metrics in ``apprentice.lineage``, the report's charts), kept free of DVCLive,
+(MLflow step metrics in ``apprentice.ops.lineage``, the report's charts), kept free of DVCLive,
 transformers and torch so those readers stay light.
 """
 

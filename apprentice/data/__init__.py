@@ -1,0 +1,1 @@
+"""Tables: the trajectory and problem schema, atomic Parquet I/O, content identity of problems."""

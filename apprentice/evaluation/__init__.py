@@ -1,0 +1,1 @@
+"""Benchmark metrics: success with intervals, pass@k, paired tests."""

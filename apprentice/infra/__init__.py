@@ -1,0 +1,1 @@
+"""Infrastructure: Docker sandboxes, the OpenAI-compatible server, Ray, the GPU path."""

@@ -1,0 +1,1 @@
+"""Causal LMs: loading, saving, building, and which dtype a CPU computes in."""

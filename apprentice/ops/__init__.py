@@ -1,0 +1,1 @@
+"""Operations glue: lineage (MLflow), dvc.yaml generation, the run lock, the iteration report."""

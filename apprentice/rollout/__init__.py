@@ -1,0 +1,1 @@
+"""Episodes: the batched multi-episode engine and its crash-safe shards."""
