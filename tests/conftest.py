@@ -9,8 +9,8 @@ import shutil
 import tempfile
 
 if "PREFECT_HOME" not in os.environ:
-    # A private Prefect home per test session, removed when the session ends (one was left in /tmp
-    # per run before).
+    # A private Prefect home per test session, removed when the session ends (otherwise every
+    # run leaves one in /tmp).
     _prefect_home = tempfile.mkdtemp(prefix="apprentice-prefect-home-")
     atexit.register(shutil.rmtree, _prefect_home, ignore_errors=True)
     os.environ["PREFECT_HOME"] = _prefect_home
@@ -24,17 +24,14 @@ os.environ.update(
     TRL_EXPERIMENTAL_SILENCE="1",
 )
 
-# ---- fixtures (helpers add theirs below) ---------------------------------------------------------
-
-
-# ---- models (helper "models & policies") ---------------------------------------------------------
+# ---- models ---------------------------------------------------------------------------------------
 import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def smol_tokenizer_dir(request) -> str:
     """SmolLM2 tokenizer folder (compact tool template), extracted from the GGUF once and kept in
-    pytest's cache dir (~7 s the first time, ~0.4 s to load afterwards)."""
+    pytest's cache dir, so only the first session pays for the extraction."""
     from apprentice.lm.modeling import smol_tokenizer_dir as _extract
 
     return str(_extract(request.config.cache.mkdir("apprentice-models")))
@@ -49,11 +46,11 @@ def tiny_model_dir(smol_tokenizer_dir, tmp_path_factory) -> str:
     return str(make_tiny_model(tok, tmp_path_factory.mktemp("tiny") / "model", hidden=64, layers=2, seed=0))
 
 
-# ---- orchestration (helper "orchestration & lineage") --------------------------------------------
+# ---- orchestration -------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def prefect_api():
     """A real Prefect API for the session (``prefect_test_harness``: temp sqlite, subprocess server,
-    ~6 s once). Not autouse: only flow tests pay for it. Yields the API URL so subprocesses can join."""
+    started once). Not autouse: only flow tests pay for it. Yields the API URL so subprocesses can join."""
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
@@ -61,10 +58,10 @@ def prefect_api():
         yield PREFECT_API_URL.value()
 
 
-# ---- scaling out (issue F) -----------------------------------------------------------------------
+# ---- scaling out ---------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A real local Ray instance for the session (``ray.init(num_cpus=2)``, ~10 s once); the Ray
+    """A real local Ray instance for the session (``ray.init(num_cpus=2)``, started once); the Ray
     rollout engine and prefect-ray join it instead of starting their own."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (make setup installs it)")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -100,7 +97,7 @@ def pytest_xdist_make_scheduler(config, log):
     """``--dist loadscope`` with the scopes above (a file, or a shared-fixture group of files).
 
     xdist's own ``loadgroup`` would do this with ``xdist_group`` marks, but with pytest 9.2 and
-    xdist 3.8 here it splits marked tests across workers (checked on a four-test file), so the scope
+    xdist 3.8 it splits marked tests across workers, so the scope
     function is given to xdist's scheduler through its documented hook instead."""
     if config.getvalue("dist") != "loadscope":
         return None

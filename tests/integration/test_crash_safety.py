@@ -5,11 +5,11 @@ metrics (minus wall-clock fields) as an uninterrupted run.
 The comparison is bitwise, so every training runs with deterministic kernels (one thread, MKL's
 reproducible code path, torch's deterministic algorithms): a difference can then only come from the
 resume (data order, optimizer or scheduler state, RNG, a lost or repeated step), not from a BLAS
-kernel that summed in another order in another process. CI once saw the weights differ with the
-default kernels, which this machine never reproduced in 16 kill/rerun pairs under load; a failure
-now names the tensors that differ and the first logged step whose loss differs.
+kernel that summed in another order in another process. With the default kernels the weights
+can differ by rounding alone, which would hide a real resume bug among false alarms; a failure names
+the tensors that differ and the first logged step whose loss differs, so the cause is visible.
 
-Slow (five short trainings in subprocesses, ~2-4 min on 2 cores): ``.ci/run`` runs it with
+Slow (five short trainings in subprocesses, minutes): ``.ci/run`` runs it with
 ``APPRENTICE_RUN_SLOW=1``.
 """
 

@@ -18,7 +18,7 @@ from apprentice.infra import sandbox as sb
 
 OK, WHY = sb.engine_available()
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
-              pytest.mark.timeout(2700),  # a vfs engine copies the 3 GB image per container, then the flow runs
+              pytest.mark.timeout(2700),  # a vfs engine copies the whole image per container, then the flow runs
               pytest.mark.skipif(not OK, reason=f"no Docker engine: {WHY}"),
               pytest.mark.skipif(not os.environ.get("APPRENTICE_RUN_SLOW"), reason="set APPRENTICE_RUN_SLOW=1")]
 REPO = Path(__file__).resolve().parents[2]

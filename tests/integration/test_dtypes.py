@@ -35,7 +35,8 @@ LOGPROB_ABS_TOL = 0.05
 def training_precision(monkeypatch):
     """Whether autocast was on in each forward pass that built a graph (a training forward): the
     trainers' own loss paths call the backbone directly, past the autocast accelerate puts on
-    ``model.forward``, and then a bf16 run silently trained in fp32 (SFT and distillation did)."""
+    ``model.forward``, so a bf16 run can silently train in fp32 (SFT's and distillation's loss paths
+    both go that way)."""
     from transformers.models.llama import modeling_llama
 
     seen: list[bool] = []

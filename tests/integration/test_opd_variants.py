@@ -59,7 +59,7 @@ def _keypad(spec: ProblemSpec) -> Environment:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Tiny models on a shared 2-core box: one torch thread is ~7x faster than two (OpenMP threads
+    """Tiny models on a small shared CPU: one torch thread is much faster than two (OpenMP threads
     spin-waiting on each other for 64-wide matmuls), so these tests pin it and restore it after."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)

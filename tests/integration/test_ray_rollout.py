@@ -19,7 +19,7 @@ from apprentice.infra import distributed
 from apprentice.paths import Paths
 from apprentice.policies.oracle import OraclePolicy
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # Ray start-up timed out on the loaded session machine: opt-in until seen passing
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # Ray start-up can time out on a loaded machine: slow suite only
 
 
 def _specs(n: int = 5):

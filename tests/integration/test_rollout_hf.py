@@ -61,7 +61,8 @@ def chatty_policy(tiny_model_dir):
 def test_kv_cache_reuse_takes_the_same_actions_as_one_episode_at_a_time(chatty_policy, dtype, chunked, monkeypatch):
     """The engine (batched, KV reused across turns, shared prefixes) against plain HF ``generate``
     one conversation at a time, re-encoding everything, in the same compute dtype. bf16 autocast
-    once crashed every generation (StaticCache in bf16, RoPE keys in fp32: index_copy_ dtype error).
+    is where it breaks first (a StaticCache in bf16 fed RoPE keys in fp32 fails every generation with an
+    index_copy_ dtype error).
     ``chunked``: free chunks, so every prefill runs in sub-batches, one per distinct new length."""
     import apprentice.policies.hf_cached as engine
 
@@ -273,9 +274,8 @@ def test_a_draft_of_the_models_own_completion_is_accepted_and_a_wrong_one_change
         assert pol.stats["accepted_rows"] == 3
         assert pol.stats["draft_tokens_kept"] == sum(len(ref[i]) for i in (0, 1, 3)) + middle
     # bf16: a prefill rounds apart from a decode step, and at this test's zero margin this random model's
-    # near-ties (exact ties, in bf16) stop a right draft early on one CPU and not on another (1 of 3
-    # accepted on an AVX512-BF16 EPYC, 3 of 4 in the version before on an AMX Xeon): the completions
-    # above are what must not move
+    # near-ties (exact ties, in bf16) stop a right draft early on one CPU and not on another, so how many
+    # are accepted depends on the CPU: the completions above are what must not move
     # the store holds every row's prompt + completion, drafted or not: a next turn reuses them
     pol.complete_ids([r.tolist() + out + [5] for r, out in zip(rows, ref, strict=True)])
     assert pol.stats["reused_tokens"] > 0.9 * sum(len(r) + len(out) for r, out in zip(rows, ref, strict=True))
@@ -338,7 +338,7 @@ def test_a_draft_is_the_stored_turn_as_the_chat_template_writes_it(chatty_policy
 def test_live_rows_leaves_the_store_room_for_each_rows_next_turn(chatty_policy):
     """``live_rows`` sizes a row as it will be after the next call: its prompt, a reply and the new
     tokens it brought to this call (which the next brings again). Sized at the last call alone, the live
-    rows passed the store at the next one and were re-encoded (fp32 evaluation, README § Benchmarks)."""
+    rows would pass the store at the next one and be re-encoded, losing the reuse the store exists for."""
     import numpy as np
 
     pol = CachedHFPolicy.from_policy(chatty_policy, cache_tokens=2000)

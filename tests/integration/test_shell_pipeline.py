@@ -19,7 +19,7 @@ from apprentice.paths import Paths
 from apprentice.stages import evaluate, rollout, synth, validate
 
 OK, WHY = sb.engine_available()
-pytestmark = [pytest.mark.integration, pytest.mark.slow,  # never run to the end on the loaded session machine: opt-in
+pytestmark = [pytest.mark.integration, pytest.mark.slow,  # a Docker sandbox per episode: slow suite only
               pytest.mark.skipif(not OK, reason=f"no Docker engine: {WHY}")]
 
 

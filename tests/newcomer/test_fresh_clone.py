@@ -2,12 +2,12 @@
 
 Every other pipeline test runs a copied project under ``runs/quick``; none ran the default profile at
 the root of a real git clone, so a ``.gitignore`` line that made DVC refuse ``dvc.lock`` broke
-``make run`` and ``dvc repro`` for every new user while CI stayed green (twice). This test is that
+``make run`` and ``dvc repro`` for every new user while CI stayed green. This test is that
 user: it clones the committed HEAD (not the working tree), edits ``params.yaml`` the way the README
 says (fewer problems and steps, the tiny base model, two iterations), regenerates ``dvc.yaml`` and
 commits both as ``python -m apprentice.ops.dvcgen`` tells one to, then runs ``make run``'s own target
 with the already built venv (``VENV=...``, its stamp taken as up to date). Once as shipped
-(``dtype: auto``, whatever this machine measures) and once with the *other* dtype forced: bf16 on an
+(``dtype: auto``, whatever the machine measures) and once with the *other* dtype forced: bf16 on an
 AVX2-only machine (the dtype an AMX machine picks), fp32 on an AMX machine (the one AVX2 picks), so
 either kind of CI machine runs both.
 

@@ -18,7 +18,7 @@ pytestmark = slow_only()
 #: Seeded stages from problem synthesis to an evaluated SFT model: every kind of output (Parquet, gate
 #: records, weights, training metrics, evaluation tables).
 FORCED = ["benchmark", "synth-1", "teacher-rollout-1", "validate-1", "sft-1", "evaluate-1@sft",  # a matrix member
-          "distill-1", "evaluate-1@student"]  # the student's folder once named its teacher's absolute path
+          "distill-1", "evaluate-1@student"]  # the student's folder must not name its teacher's absolute path
 
 
 def _outs(lock: Path) -> dict[str, str]:

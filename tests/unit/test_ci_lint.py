@@ -1,4 +1,4 @@
-"""Issue G: CI fails on lint and type errors, not only on failing tests."""
+"""CI fails on lint and type errors, not only on failing tests, so style and type breaks cannot land green."""
 
 from __future__ import annotations
 

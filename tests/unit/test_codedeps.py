@@ -1,4 +1,5 @@
-"""Issue G: stage code deps come from the import graph, and the skip-fingerprints see code changes."""
+"""Stage code deps come from the import graph, and the skip-fingerprints see code changes: a stage
+reruns whenever code it runs changes, not only when someone remembers to list the file."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_every_dvc_stage_lists_every_project_module_it_imports():
         files = [f for f in files if f != dvcgen.REGISTRY]  # tracked through what dvc.yaml renders from it
         missing = [f for f in files if not _covered(f, spec["deps"])]
         assert not missing, f"DVC stage {name} imports {missing} but does not list them in its deps"
-    # the ones issue G found missing
+    # modules easy to miss in a hand-kept deps list, pinned by name
     need = {"sft-1": "apprentice/data/trajectories.py", "evaluate-1@sft": "apprentice/lm/modeling.py",
             "rl-1": "apprentice/policies/hf_cached.py", "distill-1": "apprentice/policies/hf.py",
             "promote-1": "apprentice/gate/"}

@@ -1,6 +1,7 @@
-"""Drift guards (issue L item 6, METHODS.md §9): per iteration, the champion's benchmark success per
-family and its action diversity (the policy-entropy proxy), in drift.json (MLflow metrics of the
-report run), the report page and the champion-across-iterations chart (an MLflow artifact)."""
+"""Drift guards: a loop that trains on its own outputs can lose a family or collapse onto a few actions
+while its headline score holds, so per iteration the champion's benchmark success per family and its
+action diversity (the policy-entropy proxy) are recorded in drift.json (MLflow metrics of the report
+run), the report page and the champion-across-iterations chart (an MLflow artifact)."""
 
 from __future__ import annotations
 

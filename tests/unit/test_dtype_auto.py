@@ -62,8 +62,8 @@ def test_a_corrupt_cache_is_remeasured_and_the_env_overrides(fresh, monkeypatch)
 
 
 def test_the_probe_runs_on_one_thread_and_restores_the_thread_count():
-    """One thread timed by its own CPU time: a descheduled sibling thread cannot stall it (the
-    all-threads wall-clock probe once cached fp32 for an AMX Xeon while tests loaded its cores)."""
+    """One thread timed by its own CPU time: a descheduled sibling thread cannot stall it (an
+    all-threads wall-clock probe can cache fp32 on an AMX machine whose cores other work keeps busy)."""
     import torch
 
     before = torch.get_num_threads()

@@ -33,7 +33,7 @@ def test_iterations_chain_and_per_key_params():
     assert dvcgen.BENCHMARK in stages["synth-2"]["deps"]  # training is kept disjoint from it by content
     assert "data/iter_1/eval" in stages["synth-2"]["deps"]  # evolution reads the previous results
     assert "reports/iter_1/promotion.json" in stages["sft-2"]["deps"]  # SFT starts from the champion
-    # issue L: the base folder is a dep of every SFT (loop.rule=restart starts iteration k from it)
+    # the base folder is a dep of every SFT (loop.rule=restart starts iteration k from it)
     assert "models/base" in stages["sft-1"]["deps"] and "models/base" in stages["sft-2"]["deps"]
     assert "data/iter_2/train.parquet" in stages["sft-2"]["deps"] and "loop.rule" in stages["sft-2"]["params"]
     assert {"data/iter_1/sft.parquet", "data/iter_2/sft.parquet", "reports/iter_1/promotion.json"} <= \
@@ -99,7 +99,7 @@ def test_per_model_stages_that_do_not_fold_into_a_matrix_fail_at_generation():
 
 def test_every_declared_param_is_in_params_yaml():
     """DVC refuses a stage whose params name a key the params file lacks (a key with a default in
-    config.py but not written in params.yaml, like rollout.engine): found by issue L's dvc exp sweep."""
+    config.py but not written in params.yaml, like rollout.engine): every declared param is written there."""
     raw = load_raw(REPO / "params.yaml")
     for name, stage in expand(dvcgen.pipeline(raw, repo=REPO)["stages"]).items():
         for key in stage.get("params", []):
@@ -116,7 +116,7 @@ def _value(raw: dict, key: str):
 
 
 def test_long_profile_continues_the_default_loop_with_the_same_first_two_iterations():
-    """`make run PROFILE=long` measures the champion curve over 4 iterations (issue L item 3); its first two
+    """`make run PROFILE=long` measures the champion curve over 4 iterations; its first two
     iterations must be the default's, stage for stage and param for param, so its curve extends the default's."""
     default = load_raw(REPO / "params.yaml")
     long = load_raw(REPO / "params.yaml", "long")

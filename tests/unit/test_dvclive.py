@@ -121,7 +121,7 @@ def test_read_dvclive_nested_names_and_torn_lines(tmp_path):
 
 def test_lineage_logs_step_metrics_from_the_dvclive_files(tmp_path, monkeypatch):
     """MLflow's charts come from the same files DVC plots. A real MLflow store, on files: a fresh sqlite
-    store costs ~10 s of migrations; the pipeline test checks the same through the flow on sqlite."""
+    store runs slow migrations first; the pipeline test checks the same through the flow on sqlite."""
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
     from mlflow import MlflowClient

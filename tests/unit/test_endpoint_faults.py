@@ -1,4 +1,4 @@
-"""Issue O: rollouts against a real OpenAI-compatible HTTP server that injects faults.
+"""Rollouts against a real OpenAI-compatible HTTP server that injects faults.
 
 The server (a ``ThreadingHTTPServer`` on a free port, real sockets, real ``httpx`` client) answers
 like an oracle endpoint: it knows each test problem's solution by its task text and replies with the
@@ -197,7 +197,7 @@ def test_a_problem_failing_every_attempt_is_named_and_alone_replayed(tmp_path, c
     try:
         with pytest.raises(shards.EpisodesFailed) as exc:
             # no hang is injected here: a 5 s timeout keeps a loaded machine's slow server thread from
-            # turning an attempt into a client timeout it never counted (seen 2, not 3, once)
+            # turning an attempt into a client timeout it never counted (seen would be 2, not 3)
             _run(_cfg(srv.url, max_retries=2, timeout_s=5.0), paths)
     finally:
         srv.close()

@@ -1,4 +1,4 @@
-"""Issue G: environments anyone can add. The README's example family, registered without editing
+"""Environments anyone can add. The README's example family, registered without editing
 the package (params key in a subprocess, entry point in-process), passes check-env; the shipped
 adapters work in synth.families; every tool schema is what a strict OpenAI-compatible server accepts."""
 
@@ -164,7 +164,7 @@ def test_tool_schemas_are_strict_openai_functions(family):
 
 
 def test_a_builtin_family_is_its_file_alone(tmp_path):
-    """Issue H: every public module of apprentice/envs that is not protocol or tooling is a family,
+    """Every public module of apprentice/envs that is not protocol or tooling is a family,
     imported with the package; a new file there is found without editing any list."""
     assert set(envs.builtin_modules()) == {"grid", "search", "shell", "store"}
     import shutil

@@ -1,4 +1,4 @@
-"""Issue H: tools are marked with ``@tool``, the protocol (``build``, ``oracle``, ``turn_budget``,
+"""Tools are marked with ``@tool``, the protocol (``build``, ``oracle``, ``turn_budget``,
 ``execute``) is public, and TRL still sees only the tools: its real ``GRPOTrainer`` is given every
 family's :func:`trl_environment` facade and the tools it collects (names, JSON schemas, reward
 columns) are exactly the marked ones. check-env names what is wrong with a family's surface."""

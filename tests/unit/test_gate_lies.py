@@ -1,4 +1,4 @@
-"""Issue N: every way a transcript can lie, caught and named. A clean 40-episode teacher table (real
+"""Every way a transcript can lie, caught and named. A clean 40-episode teacher table (real
 rollout engine, oracle teacher, grid/search/store) passes untouched; each corruption class below
 damages a few rows, and every damaged episode is named (problem id + sample, and the check) in the
 CLI output and in gate.html, and never reaches sft.parquet. Classes that no honest rollout produces
@@ -237,7 +237,8 @@ def test_spec_values_outside_the_environment_are_named_failures(data, spec_edit,
 
 
 def test_out_of_range_axis_and_infinity_seed_fail_validate_by_name(data, tmp_path, capsys):
-    """These two crashed `validate` (IndexError building the world, OverflowError on int(inf))."""
+    """An out-of-range difficulty axis and an infinite seed fail the gate by name instead of crashing
+    `validate` (IndexError building the world, OverflowError on int(inf))."""
     train, held, t = (x.copy() for x in data)
     train = train.copy()
     a, b = _row(t, "search", 1), _row(t, "grid", 2)
@@ -340,7 +341,7 @@ def test_rollout_failures_within_the_error_budget_are_excluded_and_named(data, t
 @pytest.mark.parametrize("family", ["grid", "search", "store", pytest.param("shell", marks=pytest.mark.slow)])
 def test_no_false_positives_at_scale(family):
     """200 problems of each built-in family, every level, oracle rollouts: not one rejection (shell: 20,
-    in Docker, ~1 min: slow)."""
+    in Docker: slow)."""
     if family == "shell":
         from apprentice.infra.sandbox import Sandbox
 

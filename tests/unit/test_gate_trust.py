@@ -1,5 +1,6 @@
-"""Issue G: the gate catches the corruptions that used to pass it, names the problems, and training
-refuses data it did not pass. Real GX suites, real environments replaying every episode."""
+"""The gate catches corrupted teacher data (a success the calls do not earn, a giant or empty
+message, a NaN or out-of-range level, a held-out problem copied into training), names the problems,
+and training refuses data it did not pass. Real GX suites, real environments replaying every episode."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_corruptions_fail_the_gate_naming_each_problem(base, tmp_path):
     # 3: NaN level; 4: out-of-range level, both in the teacher file only
     _set(teacher, 3, "level", math.nan)
     _set(teacher, 4, "level", 42)
-    # problems: NaN inside a difficulty JSON (used to crash: "cannot convert float NaN to integer")
+    # problems: NaN inside a difficulty JSON (must not crash: "cannot convert float NaN to integer")
     d = json.loads(train["difficulty"].iloc[5])
     _set(train, 5, "difficulty", json.dumps({k: math.nan for k in d}))
     # a held-out problem copied into training under a new problem_id (same spec: same content)
@@ -224,8 +225,9 @@ def test_content_duplicates_found_across_and_within_sets(base):
 
 
 def test_default_synth_plan_emits_no_content_duplicates(tmp_path):
-    """The default plan used to put a held-out grid problem (same task text and oracle plan, another
-    seed) in training and repeat task texts within training; synthesis now regenerates them."""
+    """Two seeds can build the same small grid problem, so a plan could put a held-out problem (same
+    task text and oracle plan, another seed) in training or repeat a task text within training;
+    synthesis regenerates such slots, and the default plan ends with no content duplicates."""
     from apprentice.stages import benchmark, synth
 
     cfg = _cfg()

@@ -2,7 +2,7 @@
 
 DVC refuses a git-ignored ``dvc.lock`` (``'<clone>/dvc.lock' is git-ignored``), so an ignore rule
 that catches a pipeline file breaks ``make run`` and ``dvc repro`` on every fresh clone while the test
-suite (which runs in temp dirs) stays green. It happened twice (``/runs/``, then ``/dvc.lock``).
+suite (which runs in temp dirs) stays green: a ``/runs/`` or a ``/dvc.lock`` line would each do it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue G: every private library method we override or call is pinned, and its contract checked here.
+"""Every private library method we override or call is pinned, and its contract checked here.
 
 If one of these fails after a version bump, the override in question must be re-read against the new
 library source before the pin in pyproject.toml (and requirements.lock) moves.
@@ -129,8 +129,8 @@ def test_distillation_compute_loss_override(distill_cls):
 def test_distillation_micro_batches_share_one_generation_and_one_token_count(distill_cls):
     """``distill.micro_batch_size`` is exact only because TRL generates once per optimizer step, splits
     that batch into ``gradient_accumulation_steps`` pieces, divides every piece's loss by the whole
-    step's token count and tells the Trainer not to divide again (measured: same step loss and grad
-    norm with 8 prompts at once and in 4 micro-batches)."""
+    step's token count and tells the Trainer not to divide again: 8 prompts at once and the same
+    8 in 4 micro-batches give the same step loss and grad norm."""
     assert distill_cls.loss_is_scaled_for_ga is True
     src = inspect.getsource(distill_cls._prepare_inputs)
     assert "generate_every = self.args.gradient_accumulation_steps" in src

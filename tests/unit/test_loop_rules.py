@@ -1,4 +1,4 @@
-"""Loop rules (issue L): each rule builds the data it claims, SFT starts where the rule says, and
+"""Loop rules: each rule builds the data it claims, SFT starts where the rule says, and
 continuing SFT from a fitted checkpoint under the ``continue`` rule does not lose ground.
 
 Real pieces throughout: the environment families, the rollout engine, the oracle teacher, the data
@@ -189,7 +189,7 @@ def test_sft_start_and_schedule_follow_the_rule(tmp_path):
 
 def test_a_trained_checkpoint_keeps_the_base_tokenizer_template_and_generation_config(tmp_path, tiny_model_dir):
     """What SFT of iteration k > 1 loads from the champion is what iteration 1 loaded from the base:
-    the same tokenizer, chat template, response parser and generation settings (issue L item 0)."""
+    the same tokenizer, chat template, response parser and generation settings: only the weights differ."""
     from apprentice.lm.modeling import load_tokenizer
     from apprentice.training.sft import train_sft
 
@@ -210,7 +210,7 @@ def test_a_trained_checkpoint_keeps_the_base_tokenizer_template_and_generation_c
            {k: want.get(k) for k in ("eos_token_id", "pad_token_id", "use_cache")}
 
 
-# ---- item 0: why continuing at the base recipe lost ground, and what the continue rule bounds -------
+# ---- why continuing at the base recipe loses ground, and what the continue rule bounds ---------------
 
 def _mean_step(before: Path, after: Path) -> float:
     from safetensors.torch import load_file
@@ -224,11 +224,12 @@ def _mean_step(before: Path, after: Path) -> float:
 
 def test_a_fresh_adamw_moves_every_weight_by_the_full_lr_whatever_the_gradient_and_continue_bounds_it(
         tmp_path, tiny_model_dir):
-    """The mechanism behind iteration 2's drop (docs/experiments.md L.0): Adam's first update is
-    ``lr * m / sqrt(v)`` = ``lr * sign(g)``, so continuing a fitted model (small, mostly-noise gradients)
-    at the base recipe's learning rate moves the median weight by ~lr on the very first step, as far
-    as the first step from the base model did. Scaling the loss (hence every gradient) by 1/20 changes
-    nothing; the continue rule (lr x lr_factor with warm-up) cuts the movement by at least lr_factor."""
+    """Why SFT continued from a fitted champion at the base recipe loses ground (docs/experiments.md):
+    Adam's first update is ``lr * m / sqrt(v)`` = ``lr * sign(g)``, so continuing a fitted model (small,
+    mostly-noise gradients) at the base recipe's learning rate moves the median weight by ~lr on the
+    very first step, as far as the first step from the base model did. Scaling the loss (hence every
+    gradient) by 1/20 changes nothing; the continue rule (lr x lr_factor with warm-up) cuts the movement
+    by at least lr_factor."""
     from apprentice.lm.modeling import load_tokenizer
     from apprentice.training.sft import train_sft
 
@@ -264,7 +265,7 @@ def test_a_fresh_adamw_moves_every_weight_by_the_full_lr_whatever_the_gradient_a
 
 def test_comparing_loop_rules_keeps_iteration_1_cached():
     """``dvc exp run -S loop.rule=...`` must rerun from loop-data-2 on: no stage of iteration 1 may
-    declare a ``loop`` param (sft-1 once did, so every rule retrained and re-evaluated iteration 1)."""
+    declare a ``loop`` param (if sft-1 did, every rule would retrain and re-evaluate iteration 1)."""
     from apprentice.config import load_raw
     from apprentice.ops import dvcgen
 

@@ -1,4 +1,4 @@
-"""Issue G: the OPD/ATOD training maths agree with TRL, the loss moves the right way, and a rollout
+"""The OPD/ATOD training maths agree with TRL, the loss moves the right way, and a rollout
 inside training leaves the global RNGs alone."""
 
 from __future__ import annotations

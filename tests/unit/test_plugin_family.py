@@ -1,4 +1,4 @@
-"""Issue O: a third-party environment package, really installed (``pip install --no-deps --target``
+"""A third-party environment package, really installed (``pip install --no-deps --target``
 into a temp dir, its ``apprentice.envs`` entry point in the ``.dist-info``), is found wherever a
 family name is resolved, and its version and source are part of the fingerprints and the DVC deps."""
 
@@ -123,7 +123,7 @@ def test_plugin_version_and_source_are_in_fingerprints_and_dvc_deps(plugin, tmp_
 
 def test_check_env_fails_a_family_whose_levels_get_easier(monkeypatch):
     """The README family with its axes turned the wrong way (a larger step and more spare turns at a
-    higher level: the README's own example did this) breaks the level contract, and check-env says so."""
+    higher level, an easy slip when writing one) breaks the level contract, and check-env says so."""
     from apprentice.envs.check import check_family
 
     saved = dict(FAMILIES)

@@ -30,7 +30,8 @@ def test_every_new_token_runs_once_and_the_last_chunk_is_every_row(seed):
 
 
 def test_one_long_observation_does_not_pad_the_whole_batch():
-    """Measured case (bench/rollout.py, turn 2): 63 rows of 73 new tokens and one of 113."""
+    """A batch shape the rollout benchmark produces (bench/rollout.py, turn 2): 63 rows of 73 new tokens
+    and one of 113; the long row's first 40 tokens run alone, so the other 63 are not padded to 113."""
     new = [73] * 63 + [113]
     plan = prefill_plan(new, 113)
     assert plan == [(0, 40, [63]), (40, 113, None)]

@@ -55,7 +55,7 @@ def test_model_folder_metrics_hold_no_wall_clock(tmp_path):
     src = tmp_path / "work.jsonl"
     src.write_text(json.dumps({"stage": "sft", "step": 1, "time": 3.2, "loss": 0.5}) + "\n"
                    + json.dumps({"stage": "sft", "step": 1, "train_runtime": 9.1, "train_loss": 0.5}) + "\n"
-                   # TRL's GRPO logs `step_time` (two fresh clones' RL folders differed only in it)
+                   # TRL's GRPO logs `step_time` (kept, it alone would make two clones' RL folders differ)
                    + json.dumps({"stage": "rl", "step": 1, "step_time": 15.3, "reward": 0.0}) + "\n")
     final = tmp_path / "models" / "sft"
     final.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The RL stage's problem selection: difficulty order + pass-rate filter, or an issue-B sampler.
+"""The RL stage's problem selection: difficulty order + pass-rate filter, or a curriculum sampler.
 
 The probe (sampled rollouts of the current model) is replaced by a fixed pass-rate table so the
 selection rule itself is what is tested."""

@@ -1,20 +1,17 @@
-"""The DVC stage graph every profile generates is pinned in a fixture (issue H: one stage registry).
+"""The DVC stage graph every profile generates is pinned in a fixture.
 
-Why a snapshot: the stage registry (:mod:`apprentice.pipeline`) replaced the hand-kept tables the
-generator used to read, and the per-model evaluation became a DVC ``matrix``; this test proves the
-refactor reproduces the same pipeline for every profile: stage names, commands, deps (code and
-data), outs, params per key, metrics and plots. The graph compared is the one DVC itself runs: the
-generated mapping expanded by DVC's own resolver (``dvc.parsing.DataResolver``), so a matrix member
-is compared as the stage DVC will execute.
+Why a snapshot: the graph is derived from the stage registry (:mod:`apprentice.pipeline`), the
+import graph of each stage's code and the params, so a change to any of them can change what DVC
+runs without any test of a single stage noticing. Pinning it turns every such change into a diff
+someone reviews, for every profile: stage names, commands, deps (code and data), outs, params per
+key, metrics and plots. The fixture was first written by the generator from the hand-kept tables
+the registry replaced, so it also holds the registry to the pipeline those tables described (the
+per-model evaluations renamed to DVC's matrix names, ``evaluate-rl-1`` -> ``evaluate-1@rl``).
 
-The fixture was written by the generator *before* the registry (main at 888e3c6), with one
-deliberate change: the per-model evaluation stages carry DVC's matrix names (``evaluate-rl-1`` ->
-``evaluate-1@rl``); their commands, deps, params and outs are unchanged. Since then code deps follow
-the imports (evaluate and teacher-rollout stopped importing ``curves.py``; rl stopped importing
-``stages/evolve.py`` once the generations' paths came from ``paths.py``; iteration 1's loop-data and sft
-stopped declaring the ``loop`` params, which they do not read: ``Stage.later_params``). A deliberate change to the
-graph regenerates it with ``APPRENTICE_UPDATE_GRAPH=1 python -m pytest tests/unit/test_stage_graph.py``
-(review its diff).
+The graph compared is the one DVC itself runs: the generated mapping expanded by DVC's own resolver
+(``dvc.parsing.DataResolver``), so a matrix member is compared as the stage DVC will execute. A
+deliberate change to the graph regenerates it with
+``APPRENTICE_UPDATE_GRAPH=1 python -m pytest tests/unit/test_stage_graph.py`` (review its diff).
 """
 
 from __future__ import annotations

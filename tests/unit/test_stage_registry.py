@@ -1,4 +1,4 @@
-"""Issue H: the stage registry (apprentice/pipeline.py) is the one description of a stage.
+"""The stage registry (apprentice/pipeline.py) is the one description of a stage.
 
 The CLI verbs, ``dvc.yaml``, the Prefect tasks, the flow's order and what lineage logs all derive
 from it: a new stage is its module and one registry entry (the throwaway stage below proves it).
@@ -74,13 +74,13 @@ def test_a_new_stage_is_one_module_and_one_entry(hello, tmp_path):
 
 
 def test_registry_reproduces_the_tables_it_replaced():
-    """The values the hand-kept tables held before issue H (CLI verbs, flow order, retries, lineage)."""
+    """The values the hand-kept tables held before the registry (CLI verbs, flow order, retries, lineage)."""
     assert set(pipeline.verbs()) == {"prepare-base", "benchmark", "synth", "rollout", "teacher-rollout", "validate",
                                      "sft", "rl", "distill", "evaluate", "evaluate-all", "promote", "report", "evolve",
                                      "loop-data"}
     assert pipeline.get("rollout").name == "teacher-rollout"
     assert pipeline.once_stages() == ["prepare-base", "benchmark"]
-    # issue L: loop-data (the set SFT trains on, mixed by loop.rule) between validate and sft
+    # loop-data (the set SFT trains on, mixed by loop.rule) between validate and sft
     assert pipeline.iteration_stages() == ["synth", "evolve", "teacher-rollout", "validate", "loop-data", "sft", "rl",
                                            "distill", "evaluate", "promote", "report"]
     assert {s.name: s.retries for s in pipeline.STAGES if s.retries} == {

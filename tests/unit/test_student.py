@@ -36,7 +36,8 @@ def test_pruned_student_is_smaller_fresh_and_copies_weights():
     assert torch.equal(student.model.embed_tokens.weight, teacher.model.embed_tokens.weight)
     assert torch.equal(student.model.norm.weight, teacher.model.norm.weight)
     assert student.lm_head.weight.data_ptr() == student.model.embed_tokens.weight.data_ptr()  # tied
-    assert student.config.use_cache and student.generation_config.use_cache  # pitfall 6
+    # a config saved by SFTTrainer says use_cache=False: a student built from it would generate uncached
+    assert student.config.use_cache and student.generation_config.use_cache
 
 
 def test_pruned_student_forward_and_cached_generation_match_vocab(smol_tokenizer_dir):
