@@ -11,9 +11,9 @@
 # folder over HTTP on the host while `docker build --network host` runs: the build needs no registry
 # and no certificates, the wheels never enter the build context or a layer, and it works with the
 # classic builder too (no BuildKit `--mount`; Debian bookworm's docker.io ships no buildx).
-# The engine here uses the vfs driver, which copies the whole tree for every step, metadata steps
-# included: ENV/WORKDIR/CMD come first, while the tree is only the base, then two layers (sources,
-# one RUN).
+# The engine scripts/docker-engine.sh starts uses the vfs driver, which copies the whole tree for every
+# step, metadata steps included: ENV/WORKDIR/CMD come first, while the tree is only the base, then two
+# layers (sources, one RUN).
 ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG WHEELS=http://127.0.0.1:8765/

@@ -126,15 +126,16 @@ def record_resources(root: Path, stage: str, iteration: int, policy: str | None,
     it to print the per-stage table at the end of ``make run``.
 
     ``torch_threads`` (stages that loaded torch): the intra-op thread count the stage computed with.
-    It is part of what makes a run reproducible: greedy evaluation of the same model with 1 and 2
-    threads gave 145-150 of 160 identical transcripts, not 160 (README § Orchestration)."""
+    It is part of what makes a run reproducible: the thread count changes the order of floating-point
+    reductions, so greedy evaluation of the same model with 1 and 2 threads does not give identical
+    transcripts for every problem (README, "Orchestration, reproduction, lineage")."""
     import resource
 
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # KiB on Linux
     name = f"{stage}{'-' + policy if policy else ''}"
     rec = {"stage": name, "iteration": iteration, "wall_s": round(wall_s, 1), "peak_rss_gb": round(peak_gb, 2),
            "flow_run": os.environ.get("APPRENTICE_FLOW_RUN", ""), "time": round(time.time(), 1)}
-    if "torch" in sys.modules:  # never imported here only to ask (5-7 s on this CPU)
+    if "torch" in sys.modules:  # never imported here only to ask: the import costs seconds
         rec["torch_threads"] = sys.modules["torch"].get_num_threads()
     print(f"resources: {name} (iteration {iteration}) {wall_s:.1f} s, peak RSS {peak_gb:.2f} GB", file=sys.stderr)
     try:

@@ -1,8 +1,8 @@
 """Which project code a stage runs: the import graph of its module, read from the source.
 
-Why derived and not a hand-kept table: a table drifts. Issue G found the SFT stage missing
-``trajectories.py``, evaluation missing ``modeling.py``, RL missing ``policies/hf_cached.py``:
-DVC then kept stale results after a change there. Here every ``import``/``from ... import``
+Why derived and not a hand-kept table: a table drifts. A hand-kept one had the SFT stage missing
+``trajectories.py``, evaluation missing ``modeling.py`` and RL missing ``policies/hf_cached.py``,
+so DVC kept stale results after a change there. Here every ``import``/``from ... import``
 statement anywhere in a module (function-local lazy imports included, since most heavy imports
 are lazy) and every ``importlib.import_module("constant")`` is followed through the project's own
 packages; the transitive closure is what the stage can execute. Modules loaded by computed names

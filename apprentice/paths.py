@@ -93,7 +93,7 @@ class Paths:
 
     @property
     def train_data(self) -> Path:
-        """What SFT trains on: the validated set mixed by the loop rule (``loop``; issue L)."""
+        """What SFT trains on: the validated set mixed by the loop rule (``loop``)."""
         return self.data / "train.parquet"
 
     @property
@@ -201,7 +201,7 @@ class Paths:
 
     @property
     def drift_record(self) -> Path:
-        """Drift guards (issue L): the champion after each promotion 1..k, its per-family success and
+        """Drift guards: the champion after each promotion 1..k, its per-family success and
         action diversity on the benchmark (flat numbers of iteration k become MLflow metrics)."""
         return self.reports / "drift.json"
 

@@ -8,8 +8,8 @@ TTY) get a bar line at most every ``TQDM_MININTERVAL`` seconds; quiet mode drops
 
 :class:`apprentice.training.loggers.CheckpointProgress` covers the step no bar covers (saving a
 checkpoint). It lives there, not here, so that this module stays free of ``transformers``: every
-stage's CLI imports it, and importing ``transformers`` costs ~6 s per process on this CPU (a
-synth or report stage would spend most of its time on it).
+stage's CLI imports it, and importing ``transformers`` costs seconds per process (a synth or
+report stage would spend most of its time on it).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 #
 # Where a registry answers, `python:3.11-slim` is the ordinary base and is used as is. Otherwise:
 # debootstrap a minimal Debian bookworm with python3 + venv from the Debian mirror apt already uses,
-# and `docker import` it (about 275 MB, ~2.5 min once; shared/design/DOCKER-NOTES.md).
+# and `docker import` it (built once, then reused).
 set -euo pipefail
 IMAGE="${APPRENTICE_BASE_IMAGE:-apprentice-base:bookworm}"
 say() { echo "docker-base: $*" >&2; }

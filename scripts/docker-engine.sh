@@ -5,12 +5,11 @@
 #   bash scripts/docker-engine.sh stop           # stop the engine *this script* started (nothing else)
 #   bash scripts/docker-engine.sh status         # exit 0 when an engine answers
 #
-# Why a script of our own: the machines this project runs on (CI included) have the docker client but
-# no engine, no systemd and no registry (shared/design/DOCKER-NOTES.md). So: use an engine that
-# already answers ($DOCKER_HOST, then /var/run/docker.sock); else, as root, install Debian's
-# `docker.io` once and start `dockerd` with the settings measured to work here (vfs storage: no
-# overlayfs; no bridge and no iptables: sandboxes run with --network none anyway, builds use
-# --network host). Idempotent: a second call finds the engine the first one started.
+# Why a script of our own: the machines this project runs on (CI included) may have the docker client
+# but no engine, no systemd and no registry. So: use an engine that already answers ($DOCKER_HOST,
+# then /var/run/docker.sock); else, as root, install Debian's `docker.io` once and start `dockerd`
+# with settings that work in such a container (vfs storage: no overlayfs; no bridge and no iptables:
+# sandboxes run with --network none anyway, builds use --network host). Idempotent: a second call finds the engine the first one started.
 # The only line on stdout is `export DOCKER_HOST=unix://...`; progress goes to stderr.
 set -euo pipefail
 

@@ -15,7 +15,7 @@ MLFLOW_BACKEND="${MLFLOW_BACKEND:-sqlite:///$STATE/mlflow.db}"
 MLFLOW_ARTIFACTS="${MLFLOW_ARTIFACTS:-$STATE/mlartifacts}"
 DVC_REMOTE="${DVC_REMOTE:-$STATE/dvc-remote}"
 export DO_NOT_TRACK=true MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false DVC_NO_ANALYTICS=1
-export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false   # the job runner adds 7 consumer processes (~1.6 GB)
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false   # the job runner adds consumer processes nothing here uses
 mkdir -p "$STATE" "$MLFLOW_ARTIFACTS"
 [[ $DVC_REMOTE == *://* ]] || mkdir -p "$DVC_REMOTE"
 

@@ -1,7 +1,7 @@
 """What a failed stage prints: a short block, not two Prefect tracebacks.
 
 A stage runs as a DVC subprocess, so the Python traceback Prefect logs for the task (and again for
-the flow) is the orchestration's, not the stage's: ~80 lines that bury the one line that says what
+the flow) is the orchestration's, not the stage's: dozens of lines that bury the one line that says what
 went wrong. So a failed stage raises :class:`StageFailed` whose ``str`` is a block with the stage,
 its last meaningful output lines, the full log file and the command that reruns it, and whose
 ``repr`` (what Prefect's "failed with exception: %r" lines show) is one line. :func:`quiet_prefect`

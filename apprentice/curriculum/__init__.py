@@ -9,9 +9,9 @@ Each decision has one entry point, and the stages call only these:
 
 They all read the policy's pass rates in one shape, :data:`PassRates` (``{problem_id:
 PassRate(successes, samples)}``, ``table``); the samplers' wider pandas frame is built from it
-inside the package. The rules come from papers that ship no reusable library (METHODS.md §1
-environment evolution and its generation schedule; §2 pass-rate band, DTAC, HDC, AES; §4 pass-rate
-calibration), so they are small pure functions over tables, tested on synthetic ones. The evolution
+inside the package. The rules come from papers that ship no reusable library (environment evolution
+and its generation schedule; the pass-rate band, DTAC, HDC and AES samplers; pass-rate calibration),
+so they are small pure functions over tables, tested on synthetic ones. The evolution
 operators that *make* harder generations stay with the environments (:mod:`apprentice.envs.evolve`).
 """
 

@@ -1,10 +1,11 @@
 """Ex-ante difficulty: predict a policy's success on a problem from its spec and text, before any rollout.
 
-METHODS.md §2 (seed 000, second abstract): difficulty can be forecast from the task description;
-token-level entropy is a useful signal; judge the forecast by *calibration*, because AUC only ranks
-and can hide probabilities that are far off; and the residual predicted − observed exposes broken
-problems: a problem the policy fails far more often than predicted is suspect of being infeasible,
-one it solves far more often than predicted is suspect of being leaked into its training data.
+The method is ex-ante difficulty prediction for agentic tasks: difficulty can be forecast from the
+task description; token-level entropy is a useful signal; judge the forecast by *calibration*,
+because AUC only ranks and can hide probabilities that are far off; and the residual predicted −
+observed exposes broken problems: a problem the policy fails far more often than predicted is
+suspect of being infeasible, one it solves far more often than predicted is suspect of being leaked
+into its training data.
 
 Pieces (all plain functions over pandas / numpy, scikit-learn does the fitting):
   * :func:`feature_frame`  spec -> features: the three evolution-direction scores, the oracle plan's

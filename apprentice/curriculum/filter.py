@@ -2,8 +2,8 @@
 
 * :func:`pass_rate_filter`: GRPO's advantage is reward minus the group mean, so a problem the
   policy always solves (pass rate 1) or never solves (pass rate 0) gives every sample the same
-  reward and a zero gradient (METHODS.md §4 "pass-rate calibration", §2 DTAC). Dropping them spends
-  the few RL steps we can afford where they can move the policy.
+  reward and a zero gradient: the pass-rate calibration DTAC (EvoCUA-1.5) applies. Dropping them
+  spends the few RL steps we can afford where they can move the policy.
 * :func:`band_first`: the probed, informative problems lead, then the unprobed ones by how close
   their stratum's probed pass rate is to 0.5.
 * ``rl.curriculum: sampler`` hands the choice to ``curriculum.sampler`` instead
@@ -101,7 +101,7 @@ def keep_for_grpo(ordered: pd.DataFrame, probed: pd.DataFrame, rates: PassRates,
     the sampler picks from the probed rows (falling back, with a warning, to the whole order when it
     picks none); otherwise the pass-rate filter, band first, over the whole order."""
     ids = ordered["problem_id"].tolist()
-    if cfg.rl.curriculum == "sampler":  # issue B samplers (pass_band, dtac, hdc, aes) pick from the probe
+    if cfg.rl.curriculum == "sampler":  # the samplers (pass_band, dtac, hdc, aes) pick from the probe
         picked = order_problems(probed, table_from_rates(rates, probed), cfg.curriculum)
         if picked.empty:  # nothing the sampler accepts (a policy that solves nothing): the filter's fallback
             warnings.warn(f"curriculum sampler '{cfg.curriculum.sampler}' picked none of the {len(probed)} probed "

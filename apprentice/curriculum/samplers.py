@@ -16,9 +16,9 @@ synthesis (pick which problems to keep). The frame is built from the stages' pas
 :func:`apprentice.curriculum.table.table_from_rates`; :func:`keep_predicted` is synthesis's entry
 point, and the RL stage reaches :func:`order_problems` through
 :func:`apprentice.curriculum.filter.keep_for_grpo`. Why hand-written: the rules are a few lines
-each and come from papers (METHODS.md §2: pass-rate band / AdvSim2Real's "solved about half the time", DTAC,
-HDC, AES) that ship no reusable library. Ties are broken by a seeded hash of the problem id, so the
-order is reproducible and does not depend on row order.
+each and come from papers that ship no reusable library (the pass-rate band: AdvSim2Real's generator
+is rewarded for problems the agent solves about half the time; DTAC; HDC; AES). Ties are broken by a
+seeded hash of the problem id, so the order is reproducible and does not depend on row order.
 """
 
 from __future__ import annotations

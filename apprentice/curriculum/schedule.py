@@ -1,6 +1,7 @@
 """Which evolved generation joins the RL pool: the generation scheduler.
 
-METHODS.md §1 (evolve the environment as the learner improves): the evolve stage
+Environment evolution hardens environments off-policy and feeds the generations to RL one at a
+time, so the environment keeps pace with the learner. The evolve stage
 (:mod:`apprentice.envs.evolve`, the off-policy operators that make generation g+1 harder than g)
 writes generations 0..G; :class:`GenerationScheduler` walks them 0, 1, ... while the policy's probed
 pass rate on the current one reaches ``curriculum.advance_threshold``, so training meets the first

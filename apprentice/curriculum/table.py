@@ -4,8 +4,7 @@ A stage measures (RL probe rollouts) or predicts (synthesis: the ex-ante difficu
 rate per problem and hands the curriculum a ``{problem_id: PassRate(successes, samples)}`` mapping,
 :data:`PassRates`. The pass-rate filter reads it as is; the samplers need the problems' evolution
 directions and abilities next to the rates, so :func:`table_from_rates` widens it to a pandas frame
-(built here and only here, inside the package). Before the package, the stages built that frame
-themselves and the mapping walked from ``training.curriculum`` through the stage into ``samplers``.
+(built here and only here, inside the package: no stage builds it itself).
 
 :func:`pass_table` builds the same frame straight from trajectory rows (offline analysis and tests).
 """

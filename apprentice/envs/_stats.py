@@ -1,8 +1,8 @@
 """Measure oracle episodes per family and level: turns and tokens under a real chat template.
 
 ``python -m apprentice.envs._stats [N] [TOKENIZER_DIR]`` (defaults: 30 problems, ``models/base``).
-Why: the TRL GRPO completion budget covers every call *and* tool response of an episode
-(TRL-CPU-NOTES Q4), so level design needs these numbers; they are printed, not asserted.
+Why: TRL GRPO's ``max_completion_length`` covers every call *and* every (loss-masked) tool response
+of a multi-turn episode, so level design needs these numbers; they are printed, not asserted.
 """
 
 from __future__ import annotations

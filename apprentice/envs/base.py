@@ -17,9 +17,10 @@ Rules for subclasses (``python -m apprentice check-env FAMILY`` checks them):
     easier; name it the other way round (a budget *cut*: spare turns ``high - cut``) or override
     ``sample_difficulty`` with a level table (``grid`` does). ``check-env`` fails a family whose axis
     documented "more is easier" grows with the level, or whose higher level a reference agent (the
-    oracle wasting a quarter of its turns) solves more often (:func:`apprentice.envs.check.monotone_problems`); optionally ``evolution_directions``: ``{"horizon" | "state" | "harness":
-    [(axis, +1 | -1), ...]}``, which axes to move (and which way) to make the family harder in each
-    direction (:mod:`apprentice.envs.evolve`); required only for families in ``curriculum.evolve.families``;
+    oracle wasting a quarter of its turns) solves more often (:func:`apprentice.envs.check.monotone_problems`);
+  * optionally ``evolution_directions``: ``{"horizon" | "state" | "harness": [(axis, +1 | -1), ...]}``,
+    which axes to move (and which way) to make the family harder in each direction
+    (:mod:`apprentice.envs.evolve`); required only for families in ``curriculum.evolve.families``;
   * the protocol the pipeline calls (public, so every caller uses it without reaching into privates):
     ``build(spec) -> str`` builds all episode state from the spec and returns the task text;
     ``oracle() -> list[ToolCall]`` the privileged solution from the fresh state; ``turn_budget()`` the
@@ -30,8 +31,8 @@ Rules for subclasses (``python -m apprentice check-env FAMILY`` checks them):
     them). Any other public method is a mistake (a forgotten ``@tool``): mark it or make it
     ``_private``; classmethods are class-level API and allowed. Why marked, not "every public method":
     TRL's ``environment_factory`` exposes every public function of the class it gets as a tool, which
-    forced the protocol methods to be underscored and called from outside as privates; TRL now gets a
-    facade that holds the environment and has only ``reset``, ``get_reward`` and the marked tools
+    would force the protocol methods to be private yet called from outside; so TRL gets a facade that
+    holds the environment and has only ``reset``, ``get_reward`` and the marked tools
     (:func:`trl_environment`);
   * tools return a short observation string and never raise on bad input: bad input is an
     observation starting with ``Error`` (the rollout engine counts those as ``tool_errors``, the data

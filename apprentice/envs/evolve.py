@@ -1,8 +1,8 @@
 """Environment evolution: off-policy operators that make generation g+1 harder than generation g.
 
-METHODS.md §1 (seed 000, "environment evolution"): difficulty is raised *off-policy* along three
-directions taken from the multi-turn objective, and evolved generations enter training one at a
-time. Here the three directions are explicit maps from each family's difficulty axes:
+The method is environment evolution for terminal agents: difficulty is raised *off-policy* along
+three directions derived from the multi-turn learning objective, and evolved generations enter
+training one at a time. Here the three directions are explicit maps from each family's difficulty axes:
 
   * ``horizon``  more required steps (store: ops; grid: keys);
   * ``state``    a larger world (store: scale; grid: size, then obstacles);

@@ -1,8 +1,8 @@
 """``grid``: multi-turn navigation with obstacles and key/door pairs; oracle by breadth-first search.
 
-Why the observations look the way they do: a 135M model learns a state-dependent action only when
-the mapping from observation to action is *local* (TRL-CPU-NOTES Q6: absolute coordinates stayed at
-chance, relative offsets reached 100 % in 200 steps). So every observation lists what matters as
+Why the observations look the way they do: a small model learns a state-dependent action only when
+the mapping from observation to action is *local*: given absolute coordinates it stays at chance,
+given relative offsets it learns the task. So every observation lists what matters as
 offsets in the action words themselves ("goal: 2 right, 1 up") plus which moves are blocked, and
 the oracle breaks ties between equally short plans in favour of the move a reader of that line
 would pick (toward the nearest key still to fetch, else the goal; larger offset first).

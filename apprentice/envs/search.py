@@ -1,6 +1,6 @@
 """``search``: multi-hop question answering over a procedurally generated fictional encyclopedia.
 
-PhantomEnvironments-style (METHODS.md §1): a rule-only world of invented people, organisations,
+PhantomEnvironments-style: a rule-only world of invented people, organisations,
 cities and countries, rendered as one short templated article per entity. Nothing in it exists in
 any pretraining corpus, so the only way to the answer is through the tools, and the world costs
 nothing to regenerate from the spec.
@@ -17,8 +17,8 @@ Difficulty axes: ``hops`` (relations to follow, 1-4), ``corpus`` (world size ste
 ``budget_slack`` (extra actions beyond the oracle's; *more is easier*). Every tool call counts as
 one action against the budget, including errors.
 
-Why hand-written: no maintained offline library generates such worlds (METHODS.md (b): the
-Search-R1-style datasets need downloads); the generator is ~100 lines of seeded sampling.
+Why hand-written: no maintained offline library generates such worlds (the Search-R1-style
+question-answering datasets need downloads); the generator is ~100 lines of seeded sampling.
 """
 
 from __future__ import annotations

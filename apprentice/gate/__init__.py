@@ -1,11 +1,12 @@
-"""The data gate: what decides that a table may reach training. The one place that knows GX.
+"""The data gate: what decides that a table may reach training. The one package that knows GX.
 
 A failing gate stops everything downstream: ``validate`` writes no SFT set, and ``sft`` / ``distill``
 train only on the file whose SHA-256 a passed gate record names.
 
 - :mod:`~apprentice.gate.results`: what a check returns and the error a failed gate raises;
 - :mod:`~apprentice.gate.columns`: derived columns, the per-row checks a suite asserts;
-- :mod:`~apprentice.gate.audit`: the episode audit, every way a transcript can lie;
+- :mod:`~apprentice.gate.audit`: the episode audit (every way a transcript can lie) and which
+  episodes are kept out of the SFT set, and why;
 - :mod:`~apprentice.gate.gx`: the Great Expectations glue (the only ``great_expectations`` import);
 - :mod:`~apprentice.gate.report`: the HTML report and the JSON record that gates training.
 """

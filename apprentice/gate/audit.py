@@ -1,4 +1,12 @@
 """The episode audit: every way a transcript can lie, judged in a fresh environment.
+
+:func:`audit_episode` replays one teacher episode on its spec and returns a finding per check of
+:data:`EPISODE_CHECKS`; :func:`spec_problem` and :func:`text_problem` judge a spec and a string on
+their own. :func:`row_rejections` (and :func:`episode_rejections`, :func:`sft_exclusions`) turns the
+findings, plus success, truncation, turn format, tool-call validity and message length, into the
+list of episodes kept out of the SFT set, each with its reason and whether it fails the gate. The
+small parsing helpers at the top (JSON-schema validators, family lookup) are shared with the derived
+columns of :mod:`apprentice.gate.columns`.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ def _validator(schema_json: str) -> Any:
 def _loads(s: Any) -> Any:
     return json.loads(s) if isinstance(s, str) else s
 
+
 @functools.lru_cache(maxsize=64)
 def _tool_validators(tools_json: str) -> dict[str, Any]:
     out = {}
@@ -34,6 +43,7 @@ def _tool_validators(tools_json: str) -> dict[str, Any]:
         fn = t.get("function", t)
         out[fn["name"]] = _validator(json.dumps(fn.get("parameters") or {"type": "object"}, sort_keys=True))
     return out
+
 
 def _family_class(family: Any) -> Any:
     """The environment class of ``family`` (adapter and plugin families included), or None."""
@@ -50,6 +60,7 @@ def _family_class(family: Any) -> Any:
             return None
     return FAMILIES[family]
 
+
 def _episode_findings(df: pd.DataFrame, spec: Mapping[str, Any]) -> list[dict[str, str]]:
     """:func:`audit_episode` of every row (columns named by ``spec``; a missing optional one is skipped)."""
     def col(key: str, default: str) -> Any:
@@ -60,6 +71,7 @@ def _episode_findings(df: pd.DataFrame, spec: Mapping[str, Any]) -> list[dict[st
             col("success_from", "success"), col("reward_from", "reward"), col("family_from", "family"),
             col("difficulty_from", "difficulty")]
     return [audit_episode(*row) for row in zip(*cols, strict=True)]
+
 
 def rollout_failed(df: pd.DataFrame) -> pd.Series:
     """Rows the rollout recorded as failed after its retries (``extra.error``, accepted under
@@ -75,15 +87,18 @@ def rollout_failed(df: pd.DataFrame) -> pd.Series:
         return pd.Series(False, index=df.index)
     return df["extra"].map(failed).astype(bool)
 
+
 def _rollout_error(extra: Any) -> str:
     try:
         return str(_loads(extra).get("error"))
     except (ValueError, TypeError, AttributeError):
         return ""
 
+
 def _message_chars(m: Mapping[str, Any]) -> int:
     calls = m.get("tool_calls") or []
     return len(str(m.get("content") or "")) + sum(len(json.dumps(c, default=str)) for c in calls)
+
 
 def _turn_problem(messages: Any) -> str:
     try:
@@ -466,6 +481,8 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
     finally:
         del env  # a sandboxed family releases its container (shell: on deletion)
 
+
+# ---- the SFT set: which teacher episodes are kept out of it, and why ---------------------------
 
 #: teacher columns the SFT selection reads
 SFT_COLUMNS = ("problem_id", "sample_idx", "spec", "messages", "tools", "success", "truncated")

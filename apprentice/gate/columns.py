@@ -1,9 +1,12 @@
 """Derived columns: the checks GX cannot express cheaply, computed per row so a suite can assert them.
 
-A suite declares them in ``meta.derived_columns``; the suite then asserts ``column in [True]``, so
-the report counts and lists offending rows like any expectation. JSON-schema validity runs on a
-precompiled validator because GX's native JSON-schema expectation is slow and errors out on one
-unparsable row.
+A suite declares them in ``meta.derived_columns`` (each names a check of :data:`DERIVED` and the
+columns it reads); :func:`add_derived` adds them to the frame before GX validates it, and the suite
+asserts ``column in [True]``, so the report counts and lists offending rows like any expectation.
+Two checks (:data:`VALUE_CHECKS`) yield a key instead of a flag, for uniqueness and overlap
+expectations across rows and tables. JSON-schema validity runs on a precompiled validator because
+GX's native JSON-schema expectation is slow and errors out on one unparsable row. The episode
+checks read the audit of :mod:`apprentice.gate.audit`.
 """
 
 from __future__ import annotations
@@ -26,10 +29,6 @@ from apprentice.gate.audit import (
     rollout_failed,
     spec_problem,
 )
-
-# ---- derived columns ---------------------------------------------------------------------------
-
-
 
 
 def _json_schema_ok(series: pd.Series, schema: Mapping[str, Any], row: pd.DataFrame) -> pd.Series:

@@ -22,7 +22,6 @@ from apprentice.gate.results import MAX_IDS, Check, GateResult, episode_name
 
 SUITES_DIR = Path(__file__).resolve().parents[2] / "expectations"
 
-# ---- GX ----------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=1)
 def _batch_definition() -> Any:

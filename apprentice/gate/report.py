@@ -1,7 +1,9 @@
 """The gate's report: a self-contained HTML page and a JSON record; the record gates training.
 
-Self-contained because GX Data Docs load bootstrap, jquery and font-awesome from CDNs and lose
-their pass/fail icons offline.
+:func:`write_reports` writes both; :func:`require_passed` is what a training stage calls before it
+reads the SFT set (the record must name that file's SHA-256); :func:`raise_if_failed` turns failed
+suites into :class:`~apprentice.gate.results.GateFailed`. The page is self-contained because GX Data
+Docs load bootstrap, jquery and font-awesome from CDNs and lose their pass/fail icons offline.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ from typing import Any
 
 from apprentice.gate.results import GateFailed, GateResult, _short, episode_name
 from apprentice.paths import atomic_path
-
-# ---- reports -----------------------------------------------------------------------------------
 
 _CSS = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}h1{font-size:20px}
 h2{font-size:16px;margin-top:1.6em}table{border-collapse:collapse;width:100%}

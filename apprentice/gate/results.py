@@ -1,5 +1,6 @@
-"""What a gate check returns: one expectation's outcome, a suite's result, the error a failed gate raises.
-"""
+"""What a gate check returns: one expectation's outcome (:class:`Check`), a suite's result
+(:class:`GateResult`), the error a failed gate raises (:class:`GateFailed`), and how the report names
+one episode (:func:`episode_name`). Plain data, no GX: every other gate module builds on it."""
 
 from __future__ import annotations
 

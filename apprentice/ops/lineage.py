@@ -47,7 +47,7 @@ import mlflow  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 # mlflow.data infers a schema when a dataset input is logged and warns about every integer column
-# (a hint for model signatures, irrelevant to dataset lineage); once per dataset it flooded the log.
+# (a hint for model signatures, irrelevant to dataset lineage), once per dataset: it floods the log.
 warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer", category=UserWarning)
 
 CHAMPION, CHALLENGER = "champion", "challenger"

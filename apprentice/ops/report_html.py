@@ -426,7 +426,8 @@ def _drift(paths: Paths) -> list[dict[str, Any]]:
 
 
 def _drift_section(history: list[dict[str, Any]]) -> str:
-    """Drift guards (METHODS.md §9): the champion per iteration, per family, and its action diversity."""
+    """Drift guards: the champion per iteration, per family, and its action diversity (iterated
+    self-improvement can collapse or drift over rounds while the headline success rate holds)."""
     if not any("success_rate" in r for r in history):
         return _missing("champion evaluations", "Each iteration's promote stage names a champion; its benchmark "
                         "episodes give the per-family success and action diversity.")

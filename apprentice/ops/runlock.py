@@ -1,7 +1,7 @@
 """One flow per work dir: a second run of the same profile exits at once, saying who holds it.
 
-Why: two flows in one work dir used to break each other. The second one only died at its first
-DVC lock, and on the way its stale-run cleanup marked the *live* flow's MLflow runs KILLED. A
+Why: two flows in one work dir break each other. Without a lock the second one only dies at its
+first DVC lock, and on the way its stale-run cleanup marks the *live* flow's MLflow runs KILLED. A
 lock taken before anything else is touched makes the second flow leave straight away with
 "another run of profile X is in progress (pid, started at)".
 

@@ -2,8 +2,8 @@
 
 Why one fixed set and not a fresh held-out split per iteration: promotion compares a challenger with
 a champion from an earlier iteration, and a learning table across iterations compares models
-trained at different times. Both need the *same* problems; a per-iteration split forced the
-champion to be re-evaluated and made iteration tables incomparable. So the benchmark is
+trained at different times. Both need the *same* problems; a per-iteration split would force the
+champion to be re-evaluated and make iteration tables incomparable. So the benchmark is
 synthesized once (its own seed, ``benchmark.seed``, independent of ``pipeline.seed`` and
 ``synth.seed``; every family trained on at every level, round-robin), lives outside ``iter_k``
 (``data/benchmark/problems.parquet``) and never changes while its params do not: an unchanged model

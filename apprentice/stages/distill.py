@@ -2,8 +2,8 @@
 
 1. build the student (``training.student``: layer-pruned teacher by default, or a given model);
 2. warm start it with SFT on the teacher trajectories (``distill.student.warmup_steps`` at
-   ``warmup_lr``): a layer-dropped SmolLM2 starts near the loss of a random model (TRL-CPU-NOTES Q5)
-   and on-policy distillation of such a student teaches nothing (its samples are noise);
+   ``warmup_lr``): a layer-dropped SmolLM2 starts near the loss of a random model, ln(vocabulary
+   size), and on-policy distillation of such a student teaches nothing (its samples are noise);
 3. on-policy distillation with the variant named by ``distill.variant`` (``training.distill``).
 
 Each phase resumes from its checkpoints (``models/iter_k/.work/student``); the warm-started student

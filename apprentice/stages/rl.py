@@ -76,16 +76,17 @@ def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer:
     model.eval()
     # Probe what GRPO can do: its episodes stop after rl.max_tool_calls tool calls and
     # rl.max_completion_length tokens, so no probe turn needs more tokens or the episode more turns.
-    # the KV-cache-reusing policy: ~2x faster than re-encoding every turn (the probe of the default
-    # profile took 3.6 min with plain HFPolicy)
+    # The KV-cache-reusing policy: each turn extends the cached keys/values of the conversation so far
+    # instead of re-encoding it.
     policy = CachedHFPolicy(model, tokenizer, temperature=1.0,
                             max_new_tokens=min(cfg.evaluate.max_new_tokens, cfg.rl.max_completion_length),
                             batch_size=cfg.evaluate.batch_size, dtype=cfg.model.dtype, seed=cfg.rl.seed,
                             policy_id="rl-probe")
     # GRPO's max_completion_length budgets the whole episode, tool responses (as the chat template
-    # wraps them) included; the ChatML wrapper below is the compact/qwen2.5 templates' (~15 tokens a
-    # tool turn; a model's own template may differ by a few tokens, an approximation we accept); a probe that ignored them called long `search` episodes solvable that GRPO
-    # always truncates, and the samplers then picked groups with zero reward variance (experiments B.5).
+    # wraps them) included. The ChatML wrapper below is the compact/qwen2.5 templates' (a model's own
+    # template may differ by a few tokens, an approximation we accept). A probe that ignored the
+    # wrappers would call long `search` episodes solvable that GRPO always truncates, and the samplers
+    # would then pick groups with zero reward variance.
     def tool_turn_tokens(obs: str) -> int:
         wrapped = f"<|im_start|>user\n<tool_response>\n{obs}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         return len(tokenizer(wrapped, add_special_tokens=False)["input_ids"])

@@ -7,7 +7,7 @@ set (success-only when ``validate.success_only``) only when every suite passes. 
 raises :class:`apprentice.gate.GateFailed`, so the CLI exits non-zero, ``dvc repro`` stops and
 nothing downstream runs.
 
-What "trusted" means here (issue G): every teacher episode is replayed in a fresh environment (a
+What "trusted" means here: every teacher episode is replayed in a fresh environment (a
 recorded success that the calls do not earn, or an observation the environment would not give,
 fails the gate naming the problem); problems are unique by *content* (normalised task text +
 oracle plan, :mod:`apprentice.data.dedupe`) within training and against the held-out set, not only by
@@ -15,8 +15,8 @@ id; the SFT set has zero tolerance for malformed turns, invalid calls, error obs
 over-long messages, and every episode it leaves out is counted and listed with its reason in the
 report. A missing column fails the gate naming it; it never crashes the stage.
 
-Round 2 (issue N): every episode is audited in a fresh environment
-(:func:`apprentice.gate.audit_episode`, the checks in :data:`apprentice.gate.EPISODE_CHECKS`), and
+The audit (:func:`apprentice.gate.audit_episode`, the checks in
+:data:`apprentice.gate.EPISODE_CHECKS`) walks every episode in a fresh environment, and
 each rejection names the episode (``<problem id>/sample <k>``) and the check, in the CLI output and in
 ``gate.html``. Which checks fail the gate and which only exclude is decided by one question: can an
 honest rollout record it?
@@ -35,7 +35,7 @@ honest rollout record it?
   ANSI escapes, NUL, lone surrogates or mojibake in any message; an action using what no earlier
   observation showed (the environment judges: ``Environment.ungrounded``); an assistant turn stating
   the oracle plan or a hidden answer before it was shown; a call of the terminal turn left without a
-  result; and rows the rollout marked failed under ``rollout.error_budget`` (issue O, item 5).
+  result; and rows the rollout marked failed under ``rollout.error_budget``.
 
 The previous ``sft.parquet`` is removed before anything is checked (as ``dvc repro`` does), so a
 failed gate in the plain CLI leaves no SFT set behind; ``gate.json`` records the SHA-256 of the
@@ -137,7 +137,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
 
     sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
     # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
-    # yields a byte-identical SFT set, and DVC does not retrain SFT (10 min on CPU) for nothing.
+    # yields a byte-identical SFT set, and DVC does not retrain SFT for nothing.
     sft = sft.drop(columns=["wall_s"], errors="ignore")
 
     checks = [
