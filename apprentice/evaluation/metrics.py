@@ -1,8 +1,9 @@
 """Evaluation metrics over trajectory tables: success with a Wilson interval, unbiased pass@k,
 per-difficulty breakdowns, efficiency counters, and the paired test used for promotion.
 
-Why hand-written: each formula is a few lines (Wilson score interval; Chen et al. 2021's unbiased
-pass@k; exact McNemar via ``scipy.stats.binomtest``), and the libraries that bundle them (statsmodels,
+Why hand-written: each formula is a few lines (Wilson score interval; the unbiased pass@k of
+"Evaluating Large Language Models Trained on Code", arXiv:2107.03374; exact McNemar via
+``scipy.stats.binomtest``), and the libraries that bundle them (statsmodels,
 evaluate, lm-eval) would each add a heavy dependency for one function. scipy does the only
 non-trivial part, the exact binomial test.
 
@@ -41,7 +42,7 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c successes: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021),
+    """Unbiased pass@k from n samples with c successes: 1 - C(n-c, k) / C(n, k) (arXiv:2107.03374),
     in the numerically stable product form 1 - prod_{i=n-c+1}^{n} (1 - k / i)."""
     if k < 1 or k > n:
         raise ValueError(f"pass@k needs 1 <= k <= n; got k={k}, n={n} (raise evaluate.samples_per_problem)")
@@ -227,8 +228,9 @@ def action_diversity(df: pd.DataFrame) -> dict[str, float]:
     """A cheap policy-entropy proxy from episodes alone (no model pass): over every assistant turn of
     ``df``, the Shannon entropy (nats) of the empirical distribution of actions (tool name + arguments,
     or the raw text of a turn without a call) and the share of distinct actions. A loop that collapses
-    (METHODS.md §9: capability collapse over rounds, recursive drift from self-feedback) shows as both
-    falling across iterations while the problems stay the same (the fixed benchmark)."""
+    (capability that shrinks over rounds of training on its own output, or drift driven by its own
+    feedback) shows as both falling across iterations while the problems stay the same (the fixed
+    benchmark)."""
     from collections import Counter
 
     counts: Counter[str] = Counter()

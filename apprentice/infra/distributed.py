@@ -1,10 +1,10 @@
 """Episodes on Ray: the same rollout engine, sharded over actors that each hold one policy replica.
 
-Why Ray and not a scheduler of our own: the frameworks users outgrow this machine into (verl,
+Why Ray and not a scheduler of our own: the frameworks users outgrow one machine into (verl,
 OpenRLHF, SkyRL, NeMo-RL) all put rollouts on Ray, so a cluster they already run can take ours.
 Why wrap :func:`apprentice.rollout.episodes.run_episodes` instead of distributing inside it: the engine stays
-the single implementation of an episode (batching, budgets, parse errors), ``local`` stays exactly as
-simple as it was, and each actor runs that very function on its shard, so greedy results are
+the single implementation of an episode (batching, budgets, parse errors), ``local`` stays a plain
+call, and each actor runs that very function on its shard, so greedy results are
 byte-identical to ``local``.
 
 ``run_episodes(specs, policy, engine=..., ray=..., **engine_kwargs)``:

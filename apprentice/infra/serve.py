@@ -2,8 +2,8 @@
 
 It lets anything that speaks chat completions with tools (``OpenAICompatiblePolicy``, other
 agent frameworks, curl) use a pipeline model, and it is the real server the integration tests
-talk to. Why not vLLM / llama.cpp: neither runs our HF folders on a 2-core CPU box with our chat
-template and tool-call parser; this is ~150 lines on FastAPI + the same engine the rollouts use
+talk to. Why not vLLM / llama.cpp: neither runs our HF folders on a small CPU machine with our chat
+template and tool-call parser; this is a thin FastAPI layer over the same engine the rollouts use
 (``CachedHFPolicy``: a client's next turn reuses the keys/values of the conversation so far).
 
 Concurrent requests are micro-batched: a worker thread takes every request that arrives within
@@ -94,8 +94,7 @@ class MicroBatcher:
     def next_batch(self, held: list) -> list:
         """The oldest request plus every request with its sampling settings: first those held back
         from earlier windows (in arrival order), then what arrives within ``window_s``; requests
-        with other settings are held for a later batch. (Held requests used to be served one per
-        ``generate`` call, never batched together.)"""
+        with other settings are held for a later batch, where they are batched together too."""
         batch = [held.pop(0) if held else self.q.get()]
         for item in [h for h in held if h[0] == batch[0][0]][: self.batch_size - 1]:
             held.remove(item)

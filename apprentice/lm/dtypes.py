@@ -6,9 +6,9 @@ oneDNN may not dispatch to them), and bf16 autocast also runs on AVX2-only CPUs,
 So ``auto`` times the 135M model's own matmul shapes (a SmolLM2 MLP block: 576 -> 1536 -> 576, a
 training-sized batch and a decode-sized one) in fp32 and under bf16 autocast, and picks bf16 when
 
-* it is at least :data:`MIN_SPEEDUP` x faster (a wide margin: AMX measures ~3.7x, AVX2 < 1x), timed
-  on one thread by that thread's CPU time, so other jobs on the machine cannot flip the decision
-  (:func:`measure` says how the first, wall-clock probe was flipped), and
+* it is at least :data:`MIN_SPEEDUP` x faster (a wide margin: native bf16 kernels win by far more,
+  emulated ones lose), timed on one thread by that thread's CPU time, so other jobs on the machine
+  cannot flip the decision (:func:`measure` says why), and
 * its outputs stay within :data:`MAX_REL_ERROR` of fp32's (relative Frobenius error; bf16 rounding
   gives ~4e-3, a broken kernel gives O(1)).
 
@@ -41,7 +41,7 @@ MIN_SPEEDUP = 1.25
 #: and its outputs within this relative error of fp32's
 MAX_REL_ERROR = 2e-2
 #: bumped when the probe changes, so a decision cached by an older probe is measured again (2: one
-#: thread, CPU time; 1 cached fp32 on an AMX Xeon measured under load)
+#: thread, CPU time; 1: all threads, wall clock, which a loaded machine could flip)
 PROBE_VERSION = 2
 #: SmolLM2-135M's MLP: hidden 576, intermediate 1536
 _HIDDEN, _INTER = 576, 1536
@@ -88,14 +88,13 @@ def machine_key() -> str:
 def measure(reps: int = 5) -> tuple[float, float]:
     """(fp32 time / bf16 time, relative error of bf16) on the probe shapes.
 
-    Robust to other processes on the cores, which a first version was not: timed on all threads by
-    the wall clock, it measured bf16 at 0.51x and 0.83x fp32 on a 2-core AMX Xeon while other jobs
-    loaded it (one thread descheduled stalls the other at every barrier), and cached fp32 for the
-    machine; quiet, bf16 generation there is 1.7x fp32 end to end. So the probe runs on **one
-    thread** and reads **that thread's CPU time** (the kernels' speed, not the machine's load; 3.7x
-    both quiet and loaded on that Xeon), after a warm-up round times ``_UNIT`` blocks per dtype in
-    A-B-B-A order for each of ``reps`` rounds and takes the *median* per-round ratio. Under
-    ``no_grad``, as generation runs (:func:`apprentice.lm.modeling.generation`)."""
+    Robust to other processes on the cores: timed on all threads by the wall clock, a loaded
+    machine makes bf16 look slower than fp32 even where it is faster (one thread descheduled stalls
+    the others at every barrier), and the wrong decision would be cached for the machine. So the
+    probe runs on **one thread** and reads **that thread's CPU time** (the kernels' speed, not the
+    machine's load); after a warm-up round it times ``_UNIT`` blocks per dtype in A-B-B-A order for
+    each of ``reps`` rounds and takes the *median* per-round ratio. Under ``no_grad``, as generation
+    runs (:func:`apprentice.lm.modeling.generation`)."""
     g = torch.Generator().manual_seed(0)
     up = torch.nn.Linear(_HIDDEN, _INTER, bias=False)
     down = torch.nn.Linear(_INTER, _HIDDEN, bias=False)
@@ -136,7 +135,7 @@ def _rounds(timed: Callable[[str], float], reps: int) -> list[float]:
     return ratios
 
 
-#: probe blocks per timing (~10-40 ms each on a 2-core CPU: long enough for a scheduler tick to average out)
+#: probe blocks per timing (long enough for a scheduler tick to average out)
 _UNIT = 8
 
 

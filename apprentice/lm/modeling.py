@@ -1,6 +1,6 @@
 """Loading, saving and building causal LMs and their tokenizers: the one place that knows the quirks.
 
-Why this module exists (each item was measured, see shared/design/TRL-CPU-NOTES.md):
+Why this module exists:
 
 * **Chat template.** SmolLM2's own template cannot render tools or tool calls and has no
   ``{% generation %}`` markers, so TRL's tool-calling and assistant-only-loss paths refuse it. The
@@ -10,11 +10,12 @@ Why this module exists (each item was measured, see shared/design/TRL-CPU-NOTES.
   transformers >= 5.13 ``parse_response`` and TRL 1.16's GRPO/Distillation trainers read) to TRL's
   ``qwen3_template`` parser; it is saved in ``tokenizer_config.json`` and survives reloads.
 * **Padding.** Generation needs LEFT padding so every row's last position is its real last token.
-* **dtype.** bf16 autocast is 2-3x faster on CPUs with AMX/avx512_bf16 and slower elsewhere, so
+* **dtype.** bf16 autocast is much faster on CPUs with AMX/avx512_bf16 and slower elsewhere, so
   ``auto`` measures it once per machine (:mod:`apprentice.lm.dtypes`). Weights stay fp32; only compute
   runs in bf16 (autocast).
 * **use_cache.** TRL's trainers save ``use_cache=False``; a model built from such a config
-  generates 10-20x slower. :func:`fix_generation_config` runs before every save.
+  generates without a KV cache, many times slower. :func:`fix_generation_config` runs before every
+  save.
 * **GGUF.** A model loaded from GGUF carries a quantizer that forbids saving/training;
   :func:`save_model` drops it (the weights are already de-quantized).
 """
@@ -32,10 +33,9 @@ from typing import Any, Literal
 
 # oneDNN (torch's bf16 matmuls on CPU) caches one compiled kernel per matmul shape, 1,024 by default.
 # Padding-free training batches give every micro-batch a new token count, so the cache only ever
-# grew: a 60-step bf16 warm start climbed 3.7 -> 6.4 GB resident. 64 keeps the shapes of one
-# forward/backward (the hits) and drops the rest: the same 20 steps grew 3.72 -> 4.47 GB instead of
-# -> 5.10 GB, at the same step time (8 entries: 1.7x slower). Read when oneDNN first runs; a value the
-# user set wins.
+# grows, and resident memory with it. 64 keeps the shapes of one forward/backward (the hits) and drops
+# the rest at the same step time (a much smaller cache is slower). Read when oneDNN first runs; a value
+# the user set wins.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 
 import torch  # noqa: E402
@@ -129,8 +129,9 @@ def smol_tokenizer_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """An HF tokenizer folder for SmolLM2 under ``cache_dir`` (default :func:`default_cache_dir`),
     extracted from the GGUF once.
 
-    Reading the tokenizer out of the GGUF takes ~7 s; reloading the saved folder ~0.4 s, so tests
-    and tools cache it. The folder holds the compact chat template and the response parser.
+    Reading the tokenizer out of the GGUF takes seconds, reloading the saved folder a fraction of
+    that, so tests and tools cache it. The folder holds the compact chat template and the response
+    parser.
     """
     import hashlib
 
@@ -197,9 +198,8 @@ def generation(dtype: str | torch.dtype, device: str | torch.device | None = Non
     """No autograd + :func:`autocast`: the context every generation runs in.
 
     Why ``no_grad`` and not ``inference_mode``: under ``inference_mode`` autocast does not keep its
-    bf16 copies of the fp32 weights, so every forward pass re-casts all of them; a 135M model at
-    batch 1 then took 689 ms a forward pass against 266 ms under ``no_grad`` (1 thread, AMX Xeon,
-    issue M). fp32 is unaffected.
+    bf16 copies of the fp32 weights, so every forward pass re-casts all of them (at small batches
+    that costs more than the forward itself). fp32 is unaffected.
     """
     with torch.no_grad(), autocast(dtype, device):
         yield
@@ -210,8 +210,8 @@ def trim_heap() -> None:
 
     Why: glibc raises its mmap threshold after the first large tensor is freed, so later tensors of
     up to 32 MB come from the heap, and freed chunks stay resident until reused. The generation
-    engine frees and reallocates ~1.5 GB of per-conversation keys/values every turn (3,840 tensors
-    of ~0.4 MB at 64 rows): without a trim the resident set sat 2.3 GB above the live tensors.
+    engine frees and reallocates per-conversation keys/values (thousands of small tensors) every
+    turn: without a trim the resident set stays far above the live tensors.
     """
     import ctypes
 
@@ -266,8 +266,8 @@ def make_tiny_model(tokenizer: Any, out_dir: str | os.PathLike[str], hidden: int
                     seed: int = 0, heads: int = 4, kv_heads: int = 2, **config: Any) -> Path:
     """A randomly initialised ``LlamaForCausalLM`` sharing ``tokenizer``'s vocabulary and special
     ids, saved (with the tokenizer) as an HF folder. Same seed -> identical weights. Tests and the
-    quick profile use it: it exercises every code path of the 135M model at ~1/40 of the cost.
-    ``config`` overrides LlamaConfig fields (e.g. ``initializer_range=0.5`` for a model whose
+    quick profile use it: it exercises every code path of the 135M model at a small fraction of the
+    cost. ``config`` overrides LlamaConfig fields (e.g. ``initializer_range=0.5`` for a model whose
     greedy output varies with the prompt instead of repeating one token)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

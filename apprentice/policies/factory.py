@@ -3,7 +3,7 @@
 Why here and not in a stage: the teacher rollout, the evaluation and anything else that plays
 episodes build their policy the same way (the pipeline's model folders, the model settings, the
 KV-cache engine for local models); a stage importing another stage for that made the stage graph
-lie about what depends on what (issue M, item 6).
+lie about what depends on what.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A local transformers model as a policy: batched ``generate`` over many live episodes at once.
 
-Why batched with left padding: on CPU one sequence decodes at ~35 ms/token whatever the batch,
-so generating 16 episodes' next turns together is ~7-10x the throughput of one at a time. Left
+Why batched with left padding: on CPU a decode step is bound by reading the weights, so it costs
+about as much for a batch of episodes as for one, and generating many episodes' next turns
+together multiplies throughput. Left
 padding keeps every row's last position at its real last token, so the KV-cached decode is the
 same computation as for a single sequence (greedy outputs match the unbatched ones).
 

@@ -1,65 +1,34 @@
 """The generation engine of every local model: batched decoding with KV-cache reuse across turns.
 
-Why reuse: a multi-turn episode re-sends its whole conversation every turn. ``model.generate``
-re-encodes it from scratch (~200 tokens of system prompt and tool schemas, plus every earlier turn),
-and on a CPU that prefill costs as much as the decoding itself (batching does not help prefill: it
-is already compute-bound at batch size 1). So this policy keeps, per conversation, the keys/values of
-everything it has already encoded and only runs the *new* tokens (the tool observation, then the
-reply); episodes of one family also share one encoding of their common prefix (system prompt +
-tools). No library keeps a finished request's cache for its next turn on CPU (vLLM/SGLang do, on a
-GPU); transformers' continuous batching (``generate_batch``) keeps none and was the slowest candidate.
+Why reuse: a multi-turn episode re-sends its whole conversation every turn and ``model.generate``
+re-encodes it from scratch; on a CPU that prefill costs as much as the decoding itself (batching does
+not help: prefill is compute-bound at batch size 1). This engine keeps, per conversation, the
+keys/values of everything it has encoded and runs only the *new* tokens (the tool observation, then
+the reply); episodes of one environment also share one encoding of their common prefix (system
+prompt + tool schemas). No library keeps a finished request's cache for its next turn on CPU
+(vLLM/SGLang do, on a GPU); transformers' continuous batching (``generate_batch``) keeps none.
 
-Why a hand-written decode loop and not ``generate`` fed the same cache: measured side by side by
-``bench/generation_engines.py`` (loaded 2-core AMX Xeon, 1 thread, batch 8, issue M), this loop over
-one preallocated ``StaticCache`` -- which drops finished rows from the batch (compaction) instead of
-decoding pads for them, and never concatenates a growing cache -- was 13 % (fp32, 19.1 vs 16.9
-tok/s) and 19 % (bf16, 26.2 vs 22.0 tok/s) faster than ``generate`` + a ``DynamicCache`` built from
-the same stored rows, and 9-13 % faster on whole episodes (3.29x vs 3.01x naive in fp32, 3.77x vs
-3.33x in bf16). Rerun the bench where it matters; if ``generate`` catches up, the loop goes.
-
-Where its time goes (py-spy, 64 episodes, fp32, quiet 2-core AMX Xeon): decode 46 % (of it, the
-linear layers 22 points and attention 18: at 64 rows x ~500 cached tokens the keys/values read per
-step outweigh the weights), prefill 28 %, allocating and zero-filling a fresh cache per call 8 %.
-Two changes, both exact: decode buffers reused across calls (:class:`_EngineLayer`) and grouped-query
-SDPA in prefill (:func:`_gqa_sdpa`). ``bench/rollout.py`` (64 problems, 3 turns, same machine, quiet)
-went from 6.3x to 8.0x naive in fp32 (engine 53.2 s -> 42.3 s, 64/64 transcripts identical).
-
-Decode steps read each row's own columns (:func:`_grouped_sdpa`): a call's cache is as wide as its
-longest conversation, and in evaluation (160 problems, 64 rows, bf16) 43 % of the columns SDPA read
-in decode were padding, because episodes admitted late (~250 tokens) decode beside ones 1,500 tokens
-long. Rows are sorted by first used column and cut into groups (:func:`decode_groups`), each reading
-from its own first column to the current one. On a late call of that evaluation (48 rows, four
-groups) a step fell from 284 to 236 ms; A/B figures over a whole evaluation: README § Benchmarks.
+Where it departs from ``generate``: a hand-written decode loop over one preallocated ``StaticCache``
+whose buffers are reused from call to call (:class:`_EngineLayer`), from which finished rows leave
+(compaction) instead of decoding pads; prefill in chunks run by the rows that have tokens there
+(:func:`prefill_plan`) with grouped-query SDPA (:func:`_gqa_sdpa`); decode steps that read only each
+group of rows' own columns (:func:`_grouped_sdpa`). The loop earns its place only while it beats
+``generate`` fed the same cache, which ``bench/generation_engines.py`` compares.
 
 Layout of one call: row ``i`` is ``[pad | reused prefix, right-aligned at C | pad | new tokens,
-right-aligned at C+S]``, with explicit positions, so every token sits at its true position. Keys and
-values are cached in the dtype attention reads them in (:meth:`CachedHFPolicy._kv_dtype_of`), in buffers reused from call to call (:class:`_EngineLayer`).
+right-aligned at C+S]``, with explicit positions, so every token sits at its true position.
+Correctness: the key/value of position ``p`` depends only on tokens ``<= p``, so reusing it for an
+identical prefix of *token ids* is exact up to floating-point summation order (a test checks greedy
+episodes against one-at-a-time ``generate`` in fp32 and bf16); a re-rendered turn that tokenizes
+differently from what was generated simply reuses less.
 
-Correctness: the key/value of position ``p`` depends only on tokens ``<= p``, so reusing them for
-an identical token prefix is exact up to floating-point summation order; a test checks that greedy
-episodes equal plain one-at-a-time ``generate`` in fp32 and bf16, and ``bench/rollout.py`` checks the
-same on real problems. The match is on *token ids* (longest common prefix), so a re-rendered turn
-that tokenizes differently from what was generated simply reuses less.
-
-Drafts (:meth:`CachedHFPolicy.add_drafts`, greedy only): a model scored right after the model it was
-trained from mostly plays its parent's turns, so a call can take a turn's tokens from the parent's
-episode, run them in the prefill after the prompt and keep them when each is the model's own argmax by
-a margin (:meth:`CachedHFPolicy._verify`) -- speculative decoding (Leviathan et al., 2023) with a
-transcript as the draft model. Departures from the paper: there is no sampling rule (greedy only), a
-token is accepted only when it leads by ``DRAFT_MARGINS`` (not on argmax equality alone), so a near-tie
-that a prefill and a decode step would round apart is left to decoding, and a row whose draft goes wrong
-keeps the draft's tokens before the first one it rejects and decodes on from there (the rest of the
-draft's columns masked). RL-1 on 64 benchmark problems (2-core AMX Xeon):
-fp32 95.0 -> 65.3 s with 64 / 64 transcripts identical; whole evaluations: README § Benchmarks.
-
-Memory (issue M: evaluation of 160 problems at 64 rows peaked at 6.5-6.6 GB resident in bf16, 2-core
-AMX Xeon; 4.8 GB after these changes, README § Benchmarks): ``kv_gb`` bounds the keys/values in
-bytes, whatever the dtype (store: least recently used conversations are dropped; a call too large
-for its buffers runs in parts, :meth:`CachedHFPolicy._split`); the store makes room for a call's new
-entries before decoding, not after; prefill sub-batches are leading rows of the cache (views, not a
-gathered copy of their keys/values); the heap pages of freed entries go back to the OS
-(:func:`apprentice.lm.modeling.trim_heap`); and the rollout loop plays only as many conversations as
-the store holds (:meth:`CachedHFPolicy.live_rows`: fp32 evaluation had thrashed it, 379.7 -> 319.1 s).
+Drafts (:meth:`CachedHFPolicy.add_drafts`, greedy only) are speculative decoding ("Fast Inference
+from Transformers via Speculative Decoding", arXiv:2211.17192) with a parent model's transcript as
+the draft model. Departures from the paper: no sampling rule; a token is accepted only when it leads
+the runner-up by ``DRAFT_MARGINS`` (not on argmax equality alone), so a near-tie that a prefill and a
+decode step could round apart is left to decoding; a row whose draft goes wrong keeps the tokens
+before the first rejected one and decodes on from there. Memory is bounded in bytes (``kv_gb``, see
+:class:`CachedHFPolicy`); the engine's figures are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -116,8 +85,8 @@ def prefill_plan(new: list[int], width: int) -> list[tuple[int, int, list[int] |
     """Chunks ``(first column, end column, rows or None for all)`` covering ``width`` prefill
     columns whose row ``i`` holds its ``new[i]`` tokens right-aligned. Chosen by dynamic programming
     over the distinct lengths to minimise padded token-rows plus each chunk's fixed cost (the two
-    constants above, measured as the order of magnitude on a 2-core CPU, not tuned). The last chunk
-    is always every row: every row has at least its last token there."""
+    constants above: orders of magnitude, not tuned). The last chunk is always every row: every row
+    has at least its last token there."""
     cuts = sorted({n for n in new if 0 < n < width}, reverse=True) + [0]
     points = [width, *cuts]  # distance from the right edge, decreasing; the chunks run left to right
 
@@ -152,7 +121,7 @@ class _EngineLayer(StaticLayer):
       (see :meth:`CachedHFPolicy._kv_dtype_of`);
     * ``lazy_initialization`` carves its keys/values out of the engine's reusable flat buffers
       (``buffers``) instead of allocating and zero-filling a fresh ``[batch, heads, length, dim]``
-      pair per layer on every call: that zero-fill was 8 % of a 64-episode rollout (py-spy, fp32).
+      pair per layer on every call (a zero-fill that shows up in a rollout's profile).
       Masked positions only need *finite* values (a masked score is -inf or the dtype's minimum, so
       its softmax weight is exactly 0 and ``0 * v`` is exactly 0), and the buffers only ever hold
       zeros or keys/values the model wrote, so attention is bit-identical to a zeroed cache.
@@ -184,7 +153,7 @@ class _EngineLayer(StaticLayer):
 def _compacted(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Rows ``keep`` (ascending) of ``t`` moved to its first rows, in place; their view. In place
     because ``t`` is a view of the engine's buffers, which outlive the call: a gathered copy per
-    layer (``t[keep]``) would hold a second whole cache beside them (+1 GB at 64 rows in bf16)."""
+    layer (``t[keep]``) would hold a second whole cache beside them."""
     n = keep.numel()
     t[:n] = t.index_select(0, keep)  # one layer's rows at a time: the transient copy is 1/layers of the cache
     return t[:n]
@@ -198,10 +167,10 @@ def _gqa_sdpa() -> Iterator[None]:
     """Let transformers' SDPA attention read the grouped keys/values directly (``enable_gqa``) even
     with a mask, instead of ``repeat_kv``-copying them to every query head first. transformers only
     does so unmasked (a CUDA kernel restriction); on CPU, torch's kernel takes the mask, the result is
-    bit-identical, and a prefill chunk's attention runs ~1.8x faster (fp32 and bf16, 16 rows x 80 new
-    tokens over 520 cached; ``TRANSFORMERS_SDPA_FORCE_GQA`` is read per call: contract test in
-    ``tests/unit/test_library_contracts.py``). Only around prefill: one-token decode steps already
-    fold the query heads onto the key/value heads (``pack_gqa``), slightly faster still in fp32."""
+    bit-identical, and a prefill chunk's attention skips the copy (``TRANSFORMERS_SDPA_FORCE_GQA`` is
+    read per call: contract test in ``tests/unit/test_library_contracts.py``). Only around prefill:
+    one-token decode steps already fold the query heads onto the key/value heads (``pack_gqa``),
+    slightly faster still in fp32."""
     old = os.environ.get(_FORCE_GQA)
     os.environ[_FORCE_GQA] = "1"
     try:
@@ -213,15 +182,15 @@ def _gqa_sdpa() -> Iterator[None]:
             os.environ[_FORCE_GQA] = old
 
 
-GROUP_COST = 2048  # row-columns: one more group's attention calls in a step (measured 2.6-10 ms at 64 rows, bf16,
-#                    2-core AMX Xeon, against 2.6 us per row-column read: 1,000-3,800)
+GROUP_COST = 2048  # row-columns: the fixed cost of one more group's attention calls in a step, in units of
+#                    one row-column read (an order of magnitude, not tuned)
 
 
 def decode_groups(starts: list[int], end: int) -> list[tuple[int, int, int]]:
     """Consecutive row ranges ``(first row, end row, first column)`` for one decode step over columns
     ``[first column, end)``: ``starts`` (ascending) is each row's first used column. Chosen by dynamic
     programming to minimise the key/value columns read, ``rows x (end - first column)`` per group,
-    plus ``GROUP_COST`` per group (the order of magnitude measured on a 2-core CPU, not tuned)."""
+    plus ``GROUP_COST`` per group."""
     n = len(starts)
     best = [0.0] + [math.inf] * n
     back = [0] * (n + 1)
@@ -253,10 +222,10 @@ def _grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     uses (:data:`_DECODE_SPAN`: groups and the end column); anywhere else, SDPA unchanged.
 
     Why: a call's cache is as wide as its longest conversation, and SDPA reads every column, masked
-    or not. At 64 rows a decode step is bound by reading keys/values (~2.7 us per row-column in bf16 on
-    a 2-core AMX Xeon), and in evaluation 43 % of the columns read were padding: episodes admitted
-    late (~250 tokens) decode beside ones 1,500 tokens long. Rows sorted by first used column and
-    cut into groups read only their own span, and no group reads the columns not generated yet.
+    or not. With many rows a decode step is bound by reading keys/values, and in evaluation much of
+    what it reads is padding: episodes admitted late (short) decode beside ones several times
+    longer. Rows sorted by first used column and cut into groups read only their own span, and no
+    group reads the columns not generated yet.
     The masked columns left out had softmax weight exactly 0, so only the summation order changes."""
     span = _DECODE_SPAN.get()
     if span is None or query.shape[2] != 1 or kwargs.get("position_bias") is not None:
@@ -289,13 +258,11 @@ def _grouped_decode() -> Iterator[None]:
 
 KV_GB = 3.2  # keys/values the engine may hold: the prefix store plus one call's decode buffers
 STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (larger calls are split)
-# logits a draft token must lead the runner-up by (_verify), per compute dtype. Measured (bench/draft_margin.py) between a decode step's
-# logits and a prefill's over the same tokens (SmolLM2-135M, 2-core AMX Xeon, 231 greedy tokens), the largest gap
-# over the vocabulary was 1e-4 in fp32 and, in bf16 autocast, median 0.25 and max 0.78 (one argmax flipped). fp32:
-# 500x the gap, so a draft decides exactly what decoding would. bf16: 0.5, not 1.5 (twice the max), because bf16
-# transcripts already move with batch composition and thread count (README § Orchestration): RL-1 on 64 benchmark
-# problems kept 62 / 64 transcripts at 1.5 and 60 / 64 at 0.5, with 60 % and 84 % of drafts accepted (-14 % and
-# -31 % of the time); in fp32 64 / 64 at 90 % accepted (-31 %).
+# logits a draft token must lead the runner-up by (_verify), per compute dtype, set from the gap between a decode
+# step's logits and a prefill's over the same tokens (bench/draft_margin.py). fp32: orders of magnitude above that
+# gap, so a draft decides exactly what decoding would. bf16 autocast: the gap can reach most of a logit and flip an
+# argmax; 0.5 rather than a margin above the largest gap, because bf16 transcripts already move with batch
+# composition and thread count, and a wider margin rejects far more drafts for few more identical transcripts.
 DRAFT_MARGINS = {torch.float32: 0.05, torch.float64: 0.05}
 DRAFT_MARGIN_LOW_PRECISION = 0.5  # bf16 / fp16 autocast
 VERIFY_LOGIT_BYTES = 64e6  # the logits of one slice of rows in _verify (vocabulary x positions, fp32)
@@ -309,8 +276,8 @@ class CachedHFPolicy(HFPolicy):
     fp32 and bf16 (a token's keys/values take twice the bytes in fp32). ``STORE_SHARE`` of it caps
     the prefix store (``cache_tokens``, derived unless given); the rest caps one call's decode
     buffers: a call whose rows x cache width would pass it runs as several smaller calls
-    (:meth:`_split`). Why bytes: evaluation at 64 rows x ~1,200 tokens reached 6.5 GB
-    resident in bf16 and would reach twice its keys/values in fp32.
+    (:meth:`_split`). Why bytes: resident memory is what runs out, and a budget in tokens sized
+    for bf16 would hold twice the bytes in fp32.
     """
 
     def __init__(self, *args: Any, cache_tokens: int | None = None, kv_gb: float = KV_GB, **kwargs: Any) -> None:
@@ -357,17 +324,10 @@ class CachedHFPolicy(HFPolicy):
 
         Why: the rounds are lock-step, so when the live conversations pass the store's ``cache_tokens``
         the least recently used entry dropped is always one the next round needs, and every turn
-        re-encodes its whole conversation. ``kv_gb`` is a byte budget, so fp32 meets that first.
-        Measured (fp32, the ``48254d7`` run's SFT-2 on the 160 benchmark problems, ~570 tokens a row,
-        quiet 2-core AMX Xeon; all four give the same 160 transcripts): 64 rows 379.7 s, peak 4.91 GB;
-        the rule without the growth term (~54 rows) 319.1 s, 4.32 GB; 32 rows 256.8 s, 4.31 GB; 64
-        rows with twice the budget 242.1 s, 7.46 GB (over issue M's 6 GB). The growth term: sized at
-        the last call, the live rows passed the store at the next, whose last entries to finish (its
-        first parts, when it split) were then dropped and re-encoded. fp32, AVX2-capped, quiet 2-core
-        AMD EPYC, the ``5452276`` run's iteration-1 models, 160 problems, same transcripts each: SFT-1
-        410.8 -> 374.1 s (prompt tokens re-encoded 69.4k -> 59.6k), RL-1 with drafts 278.3 / 292.3 ->
-        256.0 s (32 rows: 392.3 and 242.3 s). In bf16 the store holds twice the tokens and the rule
-        stays at ``batch_size``: RL-1, same work and transcripts with and without the term."""
+        re-encodes its whole conversation. ``kv_gb`` is a byte budget, so fp32 meets that first (in
+        bf16 the store holds twice the tokens and the rule rarely binds). Why the growth term: sized
+        at the last call alone, the live rows passed the store at the next, whose last entries to
+        finish (its first parts, when it split) were then dropped and re-encoded."""
         if not self._row_tokens:
             return batch_size
         return max(1, min(batch_size, int(self.cache_tokens // self._row_tokens)))
@@ -381,8 +341,9 @@ class CachedHFPolicy(HFPolicy):
         problems (RL from SFT, the student from the RL teacher), and most of its greedy turns are the
         ones its parent played. Checking a turn's tokens costs one prefill over them, several times
         cheaper per token than decoding them one step at a time; a turn that differs costs that
-        prefill in vain and decodes as before. This is speculative decoding (Leviathan et al., 2023)
-        with the parent's transcript as the draft model. A draft that goes wrong still gives its
+        prefill in vain and decodes as before. This is speculative decoding ("Fast Inference from
+        Transformers via Speculative Decoding", arXiv:2211.17192) with the parent's transcript as the
+        draft model. A draft that goes wrong still gives its
         tokens before the first wrong one: the row decodes on from there.
 
         Conversations are matched by content (JSON with sorted keys: stored episodes come back from
@@ -400,7 +361,7 @@ class CachedHFPolicy(HFPolicy):
     @property
     def drafts_exact(self) -> bool:
         """Whether an accepted draft is exactly what decoding would give: in fp32, where a prefill's logits
-        and a decode step's differ by ~1e-4 (``DRAFT_MARGINS``); in bf16 the two round differently and
+        and a decode step's differ by far less than ``DRAFT_MARGINS``; in bf16 the two round differently and
         the calls that verify drafts group rows differently, so a few episodes may come out otherwise."""
         return self.dtype in DRAFT_MARGINS
 
@@ -494,8 +455,8 @@ class CachedHFPolicy(HFPolicy):
         """The one dtype keys and values are cached in: the dtype attention reads them in, found once
         by encoding one token. Under bf16 autocast with fp32 weights the model *writes* them in two
         dtypes (values come out of a bf16 matmul, keys out of RoPE, which multiplies by fp32 cos/sin;
-        a cache of one dtype once crashed every bf16 generation: ``index_copy_(): self and source
-        expected to have the same dtype``), but autocast casts SDPA's query, keys and values to bf16
+        a cache of one dtype fails on the other: ``index_copy_(): self and source expected to have
+        the same dtype``), but autocast casts SDPA's query, keys and values to bf16
         before it reads them, so fp32 keys only double the memory traffic of every decode step's
         attention. :class:`_EngineLayer` stores them in the values' dtype: bit-identical
         attention, half the bytes."""
@@ -562,9 +523,7 @@ class CachedHFPolicy(HFPolicy):
 
         While a part runs, the entries the parts after it will reuse are pinned: each part makes room
         for what it stores (:meth:`_evict`) and drops the entries its rows extend, and least recently
-        used were exactly the entries of the parts after it, which then re-encoded whole conversations.
-        RL-1's fp32 evaluation (160 problems): prompt tokens reused 79.6 -> 86.1 %, 355.0 -> 346.4 s,
-        the same 160 transcripts (README § Benchmarks)."""
+        used were exactly the entries of the parts after it, which then re-encoded whole conversations."""
         matches = [self._best(r) for r in rows]
         reuse = [min(n, len(r) - 1) for r, (_, n) in zip(rows, matches, strict=True)]
         if rows:  # what a row of this workload takes in the store (live_rows)
@@ -614,7 +573,7 @@ class CachedHFPolicy(HFPolicy):
         drafts = drafts or [None] * len(rows)
         extra = [0 if d is None else len(d) - 1 for d in drafts]  # draft tokens run in the prefill
         # rows with the most new tokens first: every prefill sub-batch is then a prefix of the rows, a
-        # view of the cache (a gathered copy of a sub-batch's keys/values was 2 GB at 64 rows, bf16)
+        # view of the cache, not a gathered copy of a sub-batch's keys/values
         order = sorted(range(len(rows)), key=lambda i: reuse[i] - len(rows[i]) - extra[i])
         rows, matches, reuse = [rows[i] for i in order], [matches[i] for i in order], [reuse[i] for i in order]
         drafts, extra = [drafts[i] for i in order], [extra[i] for i in order]
@@ -649,7 +608,7 @@ class CachedHFPolicy(HFPolicy):
             mask[i, C + S - len(new):C + S] = 1
         # the rows' new encodings (harvested below) supersede the entries they extend (shared prefixes
         # stay for other episodes): free those now, not after decoding, so that the old and the new
-        # copy of every conversation's keys/values never coexist (~1.5 GB at 64 rows x 800 tokens in bf16)
+        # copy of every conversation's keys/values never coexist
         superseded = {id(e): e for e, _ in matches if e is not None and not e.shared and id(e) not in self._pinned}
         freed = sum(len(e.ids) for e in superseded.values())
         for e in superseded.values():
@@ -657,7 +616,7 @@ class CachedHFPolicy(HFPolicy):
         self._store = [e for e in self._store if id(e) not in superseded]
         # and make room for what this call will store (every row's prompt + reply) *before* decoding:
         # evicting only afterwards let the store hold the cap's worth of finished episodes plus every
-        # live row's new copy at once (part of evaluation's 6.5 GB peak at 64 rows, bf16)
+        # live row's new copy at once
         freed += self._evict(reserve=sum(len(r) for r in rows) + B * max_new_tokens)
         if freed * self.token_bytes > TRIM_BYTES:  # a trim walks the heap: not for a few small entries
             modeling.trim_heap()

@@ -12,8 +12,8 @@ one is required) is answered with an error observation telling the agent the exp
 counted in ``parse_errors``; tool observations starting with ``Error`` count as ``tool_errors``.
 ``max_format_errors`` > 0 ends an episode after that many *consecutive* unparseable turns (reward
 0, ``stopped = "format_errors"`` in ``extra``): a model that has not learned the format (the base
-model, a freshly pruned student) otherwise spends its whole turn budget producing prose, which made
-evaluating it cost as much as evaluating a working agent.
+model, a freshly pruned student) otherwise spends its whole turn budget producing prose, and
+evaluating it would cost as much as evaluating a working agent.
 
 A policy that cannot produce a turn at all (an endpoint request that failed after its retries)
 returns a :class:`~apprentice.policies.base.Turn` with ``error``: only that episode ends, as
@@ -112,7 +112,7 @@ def _levels_for(specs: Sequence[ProblemSpec], levels: Sequence[int] | Mapping[st
 def _seed_everything(seed: int) -> tuple[Any, Any]:
     """Seed Python's and torch's global RNGs for the rollout; return their previous states, which
     :func:`_restore_rng` puts back when the rollout ends: a rollout inside training (OPD) must not
-    reseed the trainer's dropout and data order every step (issue G)."""
+    reseed the trainer's dropout and data order every step."""
     import random
 
     before = random.getstate()
@@ -223,9 +223,9 @@ def run_episodes(
                 _replay_start(episodes[-1], starts[i], fmt, require_tool_call)
 
     # Admission order: largest turn budget first (stable: problem order among equals). Admitted in
-    # problem order, the long episodes (hard grid levels: 12-19 turns) started last and finished alone:
-    # the last 15 of an evaluation's 26 rounds ran 1-54 rows and took 40 % of its time. Started first,
-    # they run beside the short ones and the batch stays full to the end. Results keep spec order.
+    # problem order, the long episodes (hard levels) would start last and finish alone, in late rounds
+    # of a few rows each that take a large share of the time. Started first, they run beside the short
+    # ones and the batch stays full to the end. Results keep spec order.
     queue = sorted(episodes, key=lambda e: -e.budget)
     t0 = time.perf_counter()
     bar = tqdm(total=len(episodes), desc=f"rollout {pid}", unit="ep", disable=not progress, dynamic_ncols=True)

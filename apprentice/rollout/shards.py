@@ -1,9 +1,8 @@
 """Run episodes in shards that are flushed to disk as they finish, so a failure loses little.
 
-Why: the teacher rollout and the evaluation used to write nothing until every episode was done. One
-request that failed its retries (an endpoint that flaps) crashed the stage, threw away every finished
-episode, and the rerun (or the Prefect retry) started from zero; a read-only output dir was found only
-after all episodes had run.
+Why: a stage that writes nothing until every episode is done loses them all to one request that
+fails its retries (an endpoint that flaps), and its rerun (or the Prefect retry) starts from zero; a
+read-only output dir would be found only after all episodes had run.
 
 Here the stage's problems are cut into shards of ``shard_size`` problems. Each shard runs through the
 batched engine (``run_chunk``, e.g. ``apprentice.rollout.episodes.run_episodes`` on those rows) as one batch and
@@ -53,7 +52,7 @@ DEFAULT_SHARD_SIZE = 64
 
 def model_fingerprint(ref: str) -> str:
     """Content hash of a local model folder's top-level files (weights, config, tokenizer), or the
-    reference itself for a remote model. Hashing 0.5 GB takes ~1 s; far less than any rollout."""
+    reference itself for a remote model. Hashing the weights costs far less than any rollout."""
     p = Path(ref)
     if not p.is_dir():
         return ref
@@ -86,9 +85,9 @@ def fingerprint(problems: pd.DataFrame, pol_cfg: PolicyConfig, cfg: Config, stag
         "model_cfg": cfg.model.model_dump(exclude={"threads"}),
         "seed": cfg.pipeline.seed,
         # the code that plays the episodes (the stage, engine, policies, every environment) and library
-        # versions: an edited environment must not leave a stale rollout behind (issue G)
+        # versions: an edited environment must not leave a stale rollout behind
         "code": codedeps.digest(stage_module),
-        # a plugin family's code lives outside the project: its version and source hash (issue O)
+        # a plugin family's code lives outside the project: its version and source hash
         "plugins": envs.plugin_sources(problems["family"] if "family" in problems.columns else []),
         **settings,
     }

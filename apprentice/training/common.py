@@ -2,9 +2,10 @@
 
 Why these helpers exist (TRL does the training; these only fill the gaps between TRL and a pipeline):
   * TRL's defaults are tuned for GPUs. On CPU ``bf16=True`` (its default) raises unless
-    ``use_cpu=True``, and ``gradient_checkpointing=True`` (its default) only costs time
-    (shared/design/TRL-CPU-NOTES.md, pitfalls 4-5). :func:`trl_args` builds any TRL config class
-    from our typed params with the right device settings, so the three stages cannot drift apart.
+    ``use_cpu=True``, and ``gradient_checkpointing=True`` (its default) recomputes activations to
+    save memory that a model of our size on CPU does not need. :func:`trl_args` builds any TRL
+    config class from our typed params with the right device settings, so the three stages cannot
+    drift apart.
   * bf16 on CPU is autocast, and accelerate applies it by wrapping ``model.forward`` (the Trainer
     leaves it to accelerate). A loss that calls the backbone directly (our SFT head on loss
     positions, TRL's distillation loss through ``_forward_redirection``) skips that wrapper and
@@ -14,9 +15,10 @@ Why these helpers exist (TRL does the training; these only fill the gaps between
     each stage's outputs (plots, DVC, and ``apprentice.ops.lineage`` read it): :class:`MetricsCallback`.
   * Resume = "find the last ``checkpoint-*`` in the stage's work dir and pass it to ``train``"
     (:func:`last_checkpoint`); the work dir survives a crash and is deleted after success.
-  * Finalize = fix ``use_cache`` (SFTTrainer leaves ``use_cache: false`` in config.json, which made a
-    student built from it generate 10-20x slower: pitfall 6), merge LoRA, write model + tokenizer
-    into the final folder atomically (rename when complete), copy the metrics (and DVCLive's folder) in.
+  * Finalize = fix ``use_cache`` (SFTTrainer leaves ``use_cache: false`` in config.json, and a
+    student built from it would generate without a KV cache, many times slower), merge LoRA, write
+    model + tokenizer into the final folder atomically (rename when complete), copy the metrics (and
+    DVCLive's folder) in.
   * A stamp (``apprentice_stage.json``) in the final folder records a fingerprint of the stage's
     params and inputs, so rerunning a finished stage with the same inputs is a no-op.
 """
@@ -73,9 +75,8 @@ def release_memory() -> None:
 
     Why: a finished ``Trainer`` (its optimizer state, gradients, activations' arenas) sits in reference
     cycles until a collection, and glibc keeps freed arena pages mapped, so the process's RSS stays at
-    the phase's high-water mark and the next phase stacks on top. Measured on distill (student warm
-    start, then on-policy distillation, 135M teacher, AMX Xeon): 3.8 GB resident between the phases,
-    7.2 GB peak. ``malloc_trim`` is glibc's; elsewhere only the collection runs.
+    the phase's high-water mark and the next phase stacks on top (distill: the student's warm start,
+    then on-policy distillation). ``malloc_trim`` is glibc's; elsewhere only the collection runs.
     """
     import gc
 
@@ -113,12 +114,12 @@ def trl_args(config_cls: type, output_dir: Path, *, dtype: str, max_steps: int, 
         bf16=bf16,
         fp16=False,
         use_cpu=not on_gpu(),
-        activation_checkpointing=on_gpu(),  # costs time and buys nothing at our sizes on CPU (pitfall 5)
+        activation_checkpointing=on_gpu(),  # costs time and buys nothing at our sizes on CPU
         report_to="none",
         logging_steps=1,
         save_strategy="steps",
         save_steps=save_steps,
-        save_total_limit=1,  # a checkpoint of the 135M model with AdamW state is ~1.6 GB
+        save_total_limit=1,  # a checkpoint with AdamW state is several times the model's size
         seed=seed,
         data_seed=seed,
         dataloader_num_workers=0,
@@ -148,7 +149,7 @@ def deepspeed_config(stage: str) -> str | None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
                           RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     if not on_gpu() and os.environ.get("WORLD_SIZE") == "1":
-        # On CPU DeepSpeed JIT-compiles its shared-memory all-reduce op (C++, minutes on 2 busy cores,
+        # On CPU DeepSpeed JIT-compiles its shared-memory all-reduce op (C++, minutes on a small CPU,
         # and a stale lock after an interrupted build blocks every later run) when it creates the
         # process group. One process never communicates, so mark the op unavailable: DeepSpeed then
         # falls back to torch.distributed (gloo), which is what it uses for the op-less path anyway.

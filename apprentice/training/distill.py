@@ -15,10 +15,11 @@ all rows, so :class:`ApprenticeDistillationTrainer` renders per row from the ``t
 tool loop stays off (``max_tool_calling_iterations`` unused, no callables): distillation targets the
 next assistant turn, which needs no environment.
 
-Plug-ins (issue C: Guided-OPD, DASH-OPD, TCOD, other losses, OPD->RL annealing): ``distill.variant``
-names either a built-in trainer class in :data:`VARIANTS` (``vanilla``) or a recipe in
-``apprentice.training.opd.VARIANTS``, built by ``opd.trainer.make_trainer`` (:func:`make_trainer`
-dispatches). A variant can also subclass :class:`ApprenticeDistillationTrainer`; its hooks:
+Plug-ins (the multi-turn OPD family: executor switching, other divergences, turn weighting, OPD->RL
+annealing): ``distill.variant`` names either a built-in trainer class in :data:`VARIANTS`
+(``vanilla``) or a recipe in ``apprentice.training.opd.VARIANTS``, built by
+``opd.trainer.make_trainer`` (:func:`make_trainer` dispatches). A variant can also subclass
+:class:`ApprenticeDistillationTrainer`; its hooks:
   * ``rollout(prompts, rows)``: who generates what (mixed teacher/student executors, multi-turn
     episodes through ``rows[i]["spec"]`` and ``apprentice.envs``); must return what TRL's
     ``_generate`` returns: ``(prompt_ids, completion_ids, tool_mask, images, tool_images)`` with
@@ -77,7 +78,7 @@ class ApprenticeDistillationTrainer(EngineSampling, DistillationTrainer):
         """TRL's loss under the run's mixed precision. Why: TRL routes it through
         ``_forward_redirection``, which calls the student's and the teacher's backbones directly and
         so skips the autocast accelerate puts on ``model.forward``; with ``bf16`` on, distillation
-        trained in fp32 (TRL's own async distillation trainer adds the same context)."""
+        would silently train in fp32 (TRL's own async distillation trainer adds the same context)."""
         with self.accelerator.autocast():
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
@@ -117,7 +118,7 @@ VARIANTS: dict[str, type[ApprenticeDistillationTrainer]] = {"vanilla": Apprentic
 
 
 def _opd_module() -> Any:
-    """``apprentice.training.opd`` (issue C) when present: it exports ``VARIANTS`` (name -> recipe
+    """``apprentice.training.opd`` when present: it exports ``VARIANTS`` (name -> recipe
     builder), ``recipe_for(cfg)`` and ``trainer.make_trainer(recipe, ...)`` for multi-turn OPD."""
     try:
         return importlib.import_module("apprentice.training.opd")
@@ -134,7 +135,7 @@ def variant_names() -> list[str]:
 
 def make_trainer(distill: DistillConfig, *, student: Any, teacher: Any, tokenizer: Any, dataset: Any,
                  output_dir: Path, dtype: str, callbacks: Sequence[Any], apprentice_cfg: Any = None) -> Any:
-    """The trainer for ``distill.variant``: a built-in one, else the OPD family's (issue C).
+    """The trainer for ``distill.variant``: a built-in one, else the OPD family's.
 
     Built-in names win, so ``vanilla`` stays TRL's plain trainer; every other name in
     ``apprentice.training.opd.VARIANTS`` is built by ``opd.trainer.make_trainer`` on the problems of

@@ -2,10 +2,10 @@
 
 Why: a 40-problem greedy benchmark has a Wilson half-width of ~15 points, so it cannot tell whether
 one SFT run lost ground against another; the mean NLL over a few thousand supervised tokens of
-held-out teacher trajectories can (it moves smoothly with the weights). Issue L used it to pin
-iteration 2's drop (``bench/continue_sft.py``) and the loop-rule tests use it as the "did continuing
-lose more than noise" criterion. Same tokens the SFT loss reads (the chat template's
-``{% generation %}`` markers, i.e. assistant turns only), same objective (token-mean NLL).
+held-out teacher trajectories can (it moves smoothly with the weights). ``bench/continue_sft.py``
+tracks it along a continued SFT run, and the loop-rule tests use it as the "did continuing lose more
+than noise" criterion. Same tokens the SFT loss reads (the chat template's ``{% generation %}``
+markers, i.e. assistant turns only), same objective (token-mean NLL).
 """
 
 from __future__ import annotations

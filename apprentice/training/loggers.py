@@ -2,7 +2,7 @@
 
 The trainers call ``[logged, *loggers.callbacks(stage, logged), *callbacks]`` (``logged``: their
 ``common.MetricsCallback``), so a logger added here reaches SFT, GRPO and distillation without
-touching the three trainers again. Today:
+touching the three trainers again:
 
 * :class:`CheckpointProgress`: saving a checkpoint says so, with its duration and the training ETA
   (the HF bar stands still while it saves).

@@ -1,23 +1,27 @@
-"""Loop rules (issue L): what iteration k > 1 trains on and where it starts, as pure functions.
+"""Loop rules: what iteration k > 1 trains on and where it starts, as pure functions.
 
-Why a rule at all: iteration 2 used to continue from the champion exactly like iteration 1 starts
-from the base model (``sft.learning_rate`` 2e-4, a fresh AdamW, no warm-up) on fresh problems only,
-and lost ground (SFT-2 32.5 % from RL-1 57.5 %). A fresh AdamW's first update is
-``lr * m / sqrt(v)`` ~ ``lr * sign(g)`` on *every* weight whatever the gradient's size; on data the
-model already fits the gradient is mostly noise, so the first steps are full-size steps in noisy
-directions (``bench/continue_sft.py`` measures the held-out NLL along such a continuation). The
-rules (``loop.rule``; docs/experiments.md compares them):
+Why a rule at all: continuing from the champion exactly as iteration 1 starts from the base model
+(the full ``sft.learning_rate``, a fresh AdamW, no warm-up) on fresh problems only loses ground the
+champion had. A fresh AdamW's first update is ``lr * m / sqrt(v)`` ~ ``lr * sign(g)`` on *every*
+weight whatever the gradient's size; on data the model already fits the gradient is mostly noise,
+so the first steps are full-size steps in noisy directions (``bench/continue_sft.py`` measures the
+held-out NLL along such a continuation). The rules (``loop.rule``; docs/experiments.md compares
+them):
 
 * ``continue``: from the champion at ``sft.learning_rate x loop.lr_factor`` with ``loop.warmup_steps``
   of warm-up, on the new validated data plus a ``loop.replay_share`` of earlier iterations' validated
-  data (DTAC-style replay against forgetting);
+  data (replay against forgetting);
 * ``restart``: from the base model at the full learning rate on the union of all iterations'
-  validated data (ReST-EM / expert iteration: no drift can accumulate across iterations);
+  validated data (no drift can accumulate across iterations), as in ReST-EM ("Beyond Human Data:
+  Scaling Self-Training for Problem-Solving with Language Models", arXiv:2312.06585) and expert
+  iteration ("Thinking Fast and Slow with Deep Learning and Tree Search", arXiv:1705.08439);
 * ``self``: ``continue``, with ``loop.self_share`` of the new data replaced by the champion's own
-  verifier-passed rollouts on the new problems (rejection sampling: STaR, AgentEvol);
+  verifier-passed rollouts on the new problems (rejection sampling, as in "STaR: Bootstrapping
+  Reasoning With Reasoning", arXiv:2203.14465, and AgentEvol in "AgentGym: Evolving Large Language
+  Model-based Agents across Diverse Environments", arXiv:2406.04151);
 * ``repair``: ``continue``, with ``loop.repair_share`` of the new data replaced by the champion's
   failed episodes cut at their first error and continued by the teacher, trained on the
-  continuation only (AET first-error repair, METHODS.md §4; FailureMiner, list (a) 11).
+  continuation only (the student learns to recover from the states its own mistakes lead to).
 
 Everything here is a function of tables (pandas) and seeds: the stage
 (:mod:`apprentice.stages.loop_data`) runs the rollouts and the gate, this module decides.

@@ -1,52 +1,38 @@
 """Padding-free training batches on CPU: per-sequence causal attention over a flattened batch, loss-only LM head,
 a common prefix encoded once (SFT's micro-batches of one family, GRPO's group of one prompt).
 
-Why: on this 2-core fp32 CPU an SFT step is compute-bound, and raw TRL spends a large share of it
-on tokens that teach nothing. Measured on the default profile's SFT set (``bench/train_throughput.py``
-prints the audit): a right-padded batch of 4 conversations is ~30 % padding, and only ~27 % of the
-real tokens carry loss (the assistant turns), yet TRL's fused LM head scores *every* position on
-non-Triton devices (``trl.trainer.utils.add_fused_lm_head``: ``compact = _use_triton(device)``), so
-the 49k-vocabulary projection runs on ~4x more positions than the loss reads.
-
-Two fixes, both exact (same loss where the data is the same, up to float summation order):
+Why: on CPU a training step is compute-bound, and raw TRL spends much of it on tokens that teach
+nothing: a right-padded batch of conversations is partly padding, only the assistant turns carry
+loss, yet TRL's fused LM head scores *every* position on non-Triton devices
+(``trl.trainer.utils.add_fused_lm_head``: ``compact = _use_triton(device)``), so the vocabulary
+projection runs on several times more positions than the loss reads (``bench/train_throughput.py``
+prints the audit). The fixes below are exact (same loss on the same data, up to float summation order):
 
 * **Padding-free batches, attention per sequence.** TRL's collator with ``padding_free=True``
-  concatenates the batch into one row and passes ``cu_seq_lens_q/k`` (sequence boundaries).
-  Transformers' ``sdpa`` then attends through a block-diagonal (T x T) mask over the whole row,
-  which on CPU costs *more* attention FLOPs than the padding it removes (4 x 500 tokens -> one
-  2000 x 2000 score matrix instead of four 700 x 700 ones). ``sdpa_varlen`` (registered through the
-  public ``AttentionInterface``) runs causal SDPA on each sequence's slice instead: no padding, no
-  cross-sequence work, the flash CPU kernel (``is_causal``) per sequence. Without ``cu_seq_lens``
+  concatenates the batch into one row and passes ``cu_seq_lens_q/k`` (sequence boundaries), and
+  transformers' ``sdpa`` then attends through a block-diagonal mask over the whole row: n sequences
+  of length L cost one (nL)^2 score matrix instead of n L^2, more attention FLOPs than the padding
+  removed. ``sdpa_varlen`` (registered through the public ``AttentionInterface``) runs causal SDPA
+  on each sequence's slice (the flash CPU kernel, ``is_causal``); without ``cu_seq_lens``
   (generation, evaluation) it is plain ``sdpa``.
-* **LM head on loss positions only** (:func:`compact_nll`): the backbone's last hidden states are
-  gathered at the positions whose next-token label is supervised, and only those go through the
-  head and the log-softmax.
-
-* **A shared prefix encoded once** (:func:`share_prefix`, :class:`PrefixGroupedSampler`). Episodes of
-  one environment family open with the same system prompt and tool schemas: on the default SFT set,
-  171 of a conversation's ~500 tokens. The sampler puts conversations of one family into the same
-  micro-batch (random order otherwise), and :func:`share_prefix` keeps that common prefix once in
-  the flattened row: every later conversation's segment attends to it (:func:`sdpa_varlen_forward`
-  with ``shared_prefix``), its tokens at their true positions. The gradient through the prefix is the
-  sum over the conversations that read it, as before. Measured: README § Benchmarks.
-
-* **GRPO's micro-batches scored without padding, their common prompt prefix once**
-  (:class:`SharedPromptScoring`). TRL scores a micro-batch as a padded block: every completion after its
-  own copy of the prompt, prompts left-padded, completions right-padded to ``max_completion_length``
-  (a block of 2 x 458 for ~2 x 320 real tokens in the default RL), and on CPU its fused head runs the
-  49k-vocabulary projection on every position of it. TRL shuffles a generation batch before cutting
-  micro-batches, so their rows are of different prompts, but of one family they share the system
-  prompt and tool schemas. The flattened row holds that common prefix once (segment 0) and each row's
-  rest of prompt + completion as a segment attending to it; the fused head scores the row
-  (``shift_labels``), and the result is scattered back into TRL's (rows, completion) layout. Same
-  log-probabilities, entropies and gradients, up to float summation order (a test checks them against
-  TRL's own method). Measured: README § Benchmarks.
+* **LM head on loss positions only** (:func:`compact_nll`): the head and the log-softmax run on the
+  hidden states of the positions whose next-token label is supervised.
+* **A shared prefix encoded once** (:func:`share_prefix`, :class:`PrefixGroupedSampler`): episodes
+  of one environment open with the same system prompt and tool schemas, a large share of a short
+  conversation. The sampler puts conversations of one environment into the same micro-batch, and the
+  flattened row keeps that prefix once; every later segment attends to it (``shared_prefix``) at its
+  true positions, and the prefix's gradient is the sum over the conversations that read it.
+* **GRPO's micro-batches scored the same way** (:class:`SharedPromptScoring`): TRL scores a padded
+  (rows, prompt + completion) block; rows of one environment share the system prompt and tools, so
+  the flattened row holds that prefix once, the fused head scores it (``shift_labels``), and the
+  result is scattered back into TRL's layout (a test checks log-probabilities, entropies and
+  gradients against TRL's own method).
 
 Why hand-written: flash-attention's varlen kernels need a GPU and TRL's compact fused head is
 Triton-only; what is left for CPU is a loop over ``sdpa`` calls and a gather before the head. No
 library trains several sequences over one copy of their common prefix (vLLM and SGLang share it in
 inference only), nor samples micro-batches by a group key (transformers' ``group_by_length`` sorts
-by length, which orders a run family by family).
+by length, which orders a run family by family). Figures: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -14,23 +14,20 @@ What this module adds on top:
     keeps that order (``shuffle_dataset=False``: its ``RepeatSampler`` then walks the dataset
     sequentially, each prompt repeated ``num_generations`` times in a row).
   * **Pass-rate filter**: problems the current policy always or never solves are dropped before
-    training (``apprentice.curriculum.keep_for_grpo``), measured by sampled probe rollouts through
+    training (``apprentice.curriculum.keep_for_grpo``), estimated from sampled probe rollouts through
     the same engine that evaluates (``apprentice.rollout.episodes.run_episodes``).
   * **bf16 rollouts**: TRL generates outside autocast, i.e. in fp32, even with ``bf16=True``;
-    :class:`CurriculumGRPOTrainer` wraps generation in autocast (~1.4x on AMX CPUs; pitfall 10).
-    Trained weights stay fp32.
+    :class:`CurriculumGRPOTrainer` wraps generation in autocast (faster wherever bf16 is, see
+    :mod:`apprentice.lm.dtypes`). Trained weights stay fp32.
   * **Scoring without padding, the common prompt prefix once**
     (:class:`~apprentice.training.packing.SharedPromptScoring`): TRL's padded block (prompts left-padded,
     completions right-padded to ``max_completion_length``, the LM head on every position) becomes one
     flattened row holding the micro-batch's shared system prompt and tool schemas once.
   * **Sampler: the pipeline's engine** (:mod:`apprentice.training.sampling`): TRL's tool loop hands
     ``_generate_single_turn`` token ids, and each tool round reuses the keys/values of the episode's
-    earlier rounds, where TRL's plain path re-encoded the whole episode every round. Measured on RL-1
-    of the ``1172893`` run (bf16, quiet 2-core AMX Xeon, one run each side, same steps): GRPO's
-    sampling 65.6 -> 45.2 s, its steps 129.6 -> 110.3 s, the stage 169 -> 149 s, peak RSS 5.45 ->
-    5.49 GB.
+    earlier rounds, where TRL's plain path re-encodes the whole episode every round.
 
-Prompt shape (pitfall 9): TRL appends ``reset()``'s return to the last user message *without a
+Prompt shape: TRL appends ``reset()``'s return to the last user message *without a
 separator*. The dataset's user message is therefore empty and ``reset()`` supplies the whole task
 text, which reproduces exactly the ``[system, user(task)]`` start the rollout engine (and hence the
 SFT data) uses. ``max_completion_length`` budgets the *whole* episode, tool responses included

@@ -1,4 +1,4 @@
-"""TRL trainers sampling through the pipeline's generation engine (issue M: one engine for every generation).
+"""TRL trainers sampling through the pipeline's generation engine: one engine for every generation.
 
 GRPO (:mod:`apprentice.training.rl`) and on-policy distillation (:mod:`apprentice.training.distill`)
 sample from the model they train. TRL's trainers do it in ``_generate_single_turn``, which gets
@@ -10,7 +10,7 @@ group) share one encoding of it. Same stop rule (the trainer's eos ids, the last
 logprobs, as TRL's plain path.
 
 Why not a library: TRL's alternatives on CPU are its plain path and ``use_transformers_paged``
-(transformers' continuous batching, the slowest candidate of ``bench/generation_engines.py`` here);
+(transformers' continuous batching, the slowest candidate of ``bench/generation_engines.py`` on CPU);
 vLLM is used where configured (``use_vllm``), and TRL keeps whatever the engine does not do
 (images, DeepSpeed or FSDP-wrapped models, and any generation setting besides greedy or
 temperature + top_p sampling: :func:`engine_can_sample`).

@@ -4,12 +4,15 @@ TRL does the work: conversational tool-calling records (``{"messages", "tools"}`
 with ``{% generation %}`` markers for the assistant-only loss, LoRA through ``peft_config``, DeepSpeed
 through the ``deepspeed`` argument, checkpoints. This module adds:
 
-* **Supervision horizon** (``sft.horizon_tokens`` = H, METHODS.md §5, seed 004): keep the first H
-  tokens of each trajectory's *episode* (everything after the system prompt and the task). The cut
-  is at a **turn boundary**: we keep the longest prefix of whole turns, ending on an assistant turn,
-  whose rendered episode tokens fit in H (at least the first assistant turn is kept). A token-level
-  cut would leave half a ``<tool_call>`` JSON in the targets and teach the model malformed calls;
-  with ~30-token turns the boundary cut differs from the token cut by at most one turn.
+* **Supervision horizon** (``sft.horizon_tokens`` = H): keep the first H tokens of each trajectory's
+  *episode* (everything after the system prompt and the task). Why a knob: how much of a teacher
+  trajectory is imitated shapes the agent (too short teaches quitting early, too long persisting
+  past the point of use) and the gain from longer horizons saturates while their cost does not.
+  The cut is at a **turn boundary**: we keep the longest prefix of whole turns, ending on an
+  assistant turn, whose rendered episode tokens fit in H (at least the first assistant turn is
+  kept). A token-level cut would leave half a ``<tool_call>`` JSON in the targets and teach the
+  model malformed calls; with short turns the boundary cut differs from the token cut by at most
+  one turn.
 * **Arbitrary JSON in records**: tool-call arguments differ per tool, and Arrow unifies them into one
   struct (``{"direction": "up", "query": null}``), which the template then renders. The dataset is
   built with ``datasets.Json`` columns so each record keeps its own shape.
@@ -182,7 +185,7 @@ class ApprenticeSFTTrainer(SFTTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # accelerate puts mixed precision on ``model.forward`` (the Trainer leaves autocast to it);
         # compact_nll calls the backbone and the head directly, so it needs the context itself: without
-        # it the bf16 setting trained in fp32 (4.2 ms per matmul against ~1 under autocast, AMX Xeon)
+        # it the bf16 setting would silently train in fp32
         # only sdpa_varlen attends a shared prefix (a model left on flash attention keeps whole sequences)
         shared = share_prefix(inputs)[0] if self.share_prefix and attention_of(model) == VARLEN else inputs
         with self.accelerator.autocast():

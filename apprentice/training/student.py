@@ -4,16 +4,16 @@ Two sources (``distill.student.source``):
   * ``prune`` (default): a layer-dropped copy of the teacher, copy embeddings, final norm and head.
     ``keep_every`` k sets the size (as many layers as "every k-th plus the last"); ``prune`` picks
     which: ``every`` keeps 0, k, 2k, ... and the last; ``influence`` keeps the layers that change
-    the residual stream most on the teacher's own training data (ShortGPT's Block Influence,
-    Men et al. 2024: BI_i = 1 - mean cos(h_i, h_{i+1}) over tokens; the first and last layers are
-    always kept). Dropping the layers that barely rotate the hidden state removes less of what the
-    teacher learned than dropping every other layer, so the warm start starts from a lower loss. The copy is a FRESH module built from a config
-    with fewer layers, then loaded with renamed weights: deleting entries of the teacher's
-    ``ModuleList`` would keep the old ``layer_idx`` values, which KV-cache indexing depends on
-    (pitfall 7). Keeping the last layer matters: on SmolLM2 it halves the initial loss
-    (TRL-CPU-NOTES Q5: 15.0 -> 10.7), because the last layer maps the residual stream back to what
-    the head expects. The result is still badly broken and needs an SFT warm start
-    (``distill.student.warmup_steps``).
+    the residual stream most on the teacher's own training data (Block Influence of "ShortGPT:
+    Layers in Large Language Models are More Redundant Than You Expect", arXiv:2403.03853:
+    BI_i = 1 - mean cos(h_i, h_{i+1}) over tokens; the first and last layers are always kept).
+    Dropping the layers that barely rotate the hidden state removes less of what the teacher
+    learned than dropping every other layer, so the warm start starts from a lower loss. The copy
+    is a FRESH module built from a config with fewer layers, then loaded with renamed weights:
+    deleting entries of the teacher's ``ModuleList`` would keep the old ``layer_idx`` values, which
+    KV-cache indexing depends on. Keeping the last layer matters: it lowers the initial loss
+    markedly, because the last layer maps the residual stream back to what the head expects. The
+    result is still badly broken and needs an SFT warm start (``distill.student.warmup_steps``).
   * any HF id/path: loaded as is, after checking it can be distilled from the teacher (same
     vocabulary: on-policy distillation compares the two next-token distributions id by id).
 
@@ -55,7 +55,7 @@ def block_influence(teacher: Any, batches: list[torch.Tensor]) -> list[float]:
 @torch.no_grad()
 def block_similarity(teacher: Any, batches: list[torch.Tensor], n_drop: int) -> list[float]:
     """Mean cosine between the residual stream before layer l and after layer l+n_drop-1, for each l
-    (Gromov et al. 2024, "The Unreasonable Ineffectiveness of the Deeper Layers"): the most similar
+    ("The Unreasonable Ineffectiveness of the Deeper Layers", arXiv:2403.17887): the most similar
     pair marks the contiguous block of ``n_drop`` layers that changes the stream least."""
     was = teacher.training
     teacher.eval()

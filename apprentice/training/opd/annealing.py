@@ -1,7 +1,8 @@
 """ATOD-style annealing between the OPD loss and a GRPO policy-gradient loss.
 
 OPD is dense and fast early but saturates at the teacher; RL is sparse and slow early but has the
-higher ceiling (METHODS.md §7 ATOD, claim (c)1). The mixer gives ``w_opd`` decaying from
+higher ceiling ("ATOD: Annealed Turn-aware On-policy Distillation for Multi-turn Autonomous Agents",
+arXiv:2606.27814, anneals from one to the other). The mixer gives ``w_opd`` decaying from
 ``opd_start`` to ``opd_end`` and ``w_rl`` rising from ``rl_start`` to ``rl_end`` on the same schedule
 shape, so "OPD high early, RL rising" is one object the trainer asks each step.
 

@@ -1,5 +1,8 @@
-"""Executor policies: who acts on each turn of a mixed student/teacher rollout (METHODS.md §7, ranked
-first among the pluggable mechanisms).
+"""Executor policies: who acts on each turn of a mixed student/teacher rollout.
+
+Why: in multi-turn on-policy distillation the student's early errors compound and carry it into
+states where the teacher's token-level signal is unreliable; letting the teacher act some turns
+keeps trajectories where the teacher's supervision holds.
 
 Why hand-written: no library ships turn-level executor switching; TRL's trainers generate every
 token with the student. These classes are pure control logic (no torch), so every rule is unit-tested
@@ -15,15 +18,19 @@ executors"). Only executors with ``needs_discrepancy`` make the rollout pay for 
 
 Rules:
   * vanilla: the student acts every turn (the teacher only scores).
-  * Guided-OPD: the teacher acts a turn with probability p(step), p decaying to exactly 0.
-  * DASH-OPD: two CUSUM accumulators with separate thresholds (hysteresis in both directions).
+  * Guided-OPD ("On-Policy Distillation with Curriculum Turn-level Guidance for Multi-turn Agents",
+    arXiv:2606.15912): the teacher acts a turn with probability p(step), p decaying to exactly 0.
+  * DASH-OPD (Discrepancy-Aware Switching with Hysteresis): two CUSUM accumulators with separate
+    thresholds (hysteresis in both directions).
     Each turn's discrepancy is normalised to ``z = 1 - exp(-max(d, 0) / scale)`` in [0, 1).
     On student turns drift evidence ``E_d <- max(0, E_d + z - allowance)``; when ``E_d >= drift_threshold``
     the teacher takes over. On teacher turns agreement ``a = 1 - z`` feeds recovery evidence
     ``E_r <- max(0, E_r + a - allowance)``; when ``E_r >= recovery_threshold`` the student resumes.
     Evidence resets on a switch. A single spike adds at most ``1 - allowance`` and decays on calm
     turns, so it cannot switch when the threshold is above ``1 - allowance``; sustained signal does.
-  * TCOD: the student acts, and the exposed depth (turn horizon) grows on a :class:`DepthSchedule`.
+  * TCOD ("TCOD: Exploring Temporal Curriculum in On-Policy Distillation for Multi-turn Autonomous
+    Agents", arXiv:2604.24005): the student acts, and the exposed depth (turn horizon) grows on a
+    :class:`DepthSchedule`.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 sees, here the environment oracle's plan or the final answer, inserted into the system prompt.
 
 Why this shape: one function from (student messages, per-episode privileged context) to teacher
-messages covers the OPSD family's "teacher = student + extra context" (METHODS.md §7, item 4 of the
-ranked mechanisms); other context kinds (skills, hindsight, next-state hints) are more ``kind``s. Only
-the *system prompt* changes, so the conversation after it tokenises identically for both views and the
-teacher's and student's next-token distributions are aligned token by token.
+messages covers the OPSD family's "teacher = student + extra context"; other context kinds (skills,
+hindsight, next-state hints) are more ``kind``s. Only the *system prompt* changes, so the
+conversation after it tokenises identically for both views and the teacher's and student's
+next-token distributions are aligned token by token.
 
 The privileged data comes from the rollout engine's per-episode ``context`` (``oracle_plan``: the
 oracle's tool calls, which the engine fills for policies with ``needs_oracle_plan``); it is never written

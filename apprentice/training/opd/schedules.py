@@ -1,5 +1,5 @@
-"""Step schedules for the OPD family: a probability that decays to zero (Guided-OPD) and a depth that
-grows from short to long (TCOD).
+"""Step schedules for the OPD family: a probability that decays to zero (Guided-OPD, arXiv:2606.15912)
+and a depth that grows from short to long (TCOD, arXiv:2604.24005; see :mod:`.executors`).
 
 Why hand-written: these are three-line functions of (step, total) whose *end points* matter (Guided-OPD's
 claim is that guidance is withdrawn completely, so p(T) must be exactly 0, not 1e-3 as an exponential

@@ -192,7 +192,7 @@ class OPDTrainer(DistillationTrainer):
         turn_ids = episode * 10_000 + turn  # unique per (episode, turn) in this batch
         w = loss_weights(turn_ids, div.detach(), self.recipe.weighting, self.recipe.sod_alpha)
         # w sums to 1 over this micro-batch; token_share rescales to TRL's sum / num_items_in_batch, so the
-        # loss is right under gradient accumulation and several processes (issue G)
+        # loss is right under gradient accumulation and several processes
         share = token_share(div.numel(), num_items_in_batch)
         loss_opd = (div * w.to(div.dtype)).sum() * share if div.numel() else hs.sum() * 0.0
 

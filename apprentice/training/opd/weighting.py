@@ -2,10 +2,11 @@
 divergence (SOD).
 
 Why hand-written: a few lines of tensor code over TRL's per-token divergences; no library has them.
-METHODS.md §7 ranks this axis second because the literature disagrees on whether high-divergence
-steps deserve *less* weight (SOD: the teacher is unreliable there) or *more* (ATOD's T-DUR: they are
-the informative turns). One signed knob covers both: ``sod_alpha > 0`` attenuates, ``< 0`` amplifies,
-``0`` is off.
+Why an ablation axis: the literature disagrees on whether high-divergence steps deserve *less*
+weight (SOD, "SOD: Step-wise On-policy Distillation for Small Language Model Agents",
+arXiv:2605.07725: the teacher is unreliable there) or *more* (T-DUR of ATOD, arXiv:2606.27814: they
+are the informative turns). One signed knob covers both: ``sod_alpha > 0`` attenuates, ``< 0``
+amplifies, ``0`` is off.
 
 All functions take flat tensors over the loss positions of a batch: ``turn_ids[i]`` names the turn
 (unique over the batch) that token ``i`` belongs to. Weights are detached and sum to 1, so the loss
@@ -23,7 +24,8 @@ Mode = Literal["token", "turn"]
 
 def base_weights(turn_ids: torch.Tensor, mode: Mode = "token") -> torch.Tensor:
     """``token``: every token counts the same (long turns dominate). ``turn``: every turn gets the same
-    total weight, split evenly over its tokens (TurnOPD's turn-balanced loss)."""
+    total weight, split evenly over its tokens (the turn-balanced loss of "TurnOPD: Making On-Policy
+    Distillation Turn-Aware for Efficient Long-Horizon Agent Training", arXiv:2607.05804)."""
     n = turn_ids.numel()
     if n == 0:
         return torch.zeros(0)
