@@ -10,7 +10,7 @@ Prints, in one run (A-B-B-A order, so drift on a shared machine hits both sides 
    seconds per step and the loss of every step (same seed, same batches);
 4. its last lines: ``generation bf16/fp32`` and ``sft bf16/fp32`` speed ratios, and whether the results stay
    within tolerance (the first SFT step's loss within 2 %: same weights, same batch, only the forward's
-   precision differs; later steps follow bf16-rounded gradients and drift further, ~3.5 % by step 2, so
+   precision differs; later steps follow bf16-rounded gradients and drift further, so
    they are printed, not gated; the same greedy actions in >= 75 % of episodes: bf16 rounds
    differently, so a near-tie between two tokens can flip, which the evaluation's CI absorbs).
 
@@ -103,8 +103,7 @@ def main() -> int:
     print(f"\nSFT ({args.steps} steps per run, batch {cfg.sft.batch_size}, {len(records)} records):")
     for d in ("fp32", "bf16"):
         print(f"  {d}: {sft[d]['s_step']:6.2f} s/step  loss {[round(x, 4) for x in sft[d]['loss']]}")
-    # step 1 only: until 89251e5 both dtypes' SFT trained in fp32, so every step agreed; in real bf16
-    # the second step starts from weights a bf16 update moved
+    # step 1 only: in bf16 the second step starts from weights a bf16 update moved
     first, last = (abs(sft["fp32"]["loss"][i] - sft["bf16"]["loss"][i]) / max(abs(sft["fp32"]["loss"][i]), 1e-9)
                    for i in (0, -1))
     print(f"  SFT loss apart: step 1 {100 * first:.2f} %, step {len(sft['fp32']['loss'])} {100 * last:.2f} %")

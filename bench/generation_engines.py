@@ -16,13 +16,16 @@ autocast with fp32 weights, which is what ``model.dtype: bf16`` runs):
                     between turns.
 
 Part 1 prints generated tokens/s at batch 1, 8 and 32 (first turns of real problems; every batch
-size runs its candidates interleaved, so machine load hits all of them alike). Part 2 plays whole
+size runs its candidates interleaved, so machine load hits all of them alike) and each candidate's
+ratio to plain ``generate`` at the same batch size. Part 2 plays whole
 episodes (``--episodes`` problems, ``--max-turns`` turns) with each candidate and with the naive
 loop of ``bench/rollout.py`` (one episode at a time, one ``generate`` per turn) and prints each
 candidate's wall-clock ratio vs naive and whether its actions equal naive's.
 
     python bench/generation_engines.py                       # fp32 and bf16
     python bench/generation_engines.py --dtypes fp32 --batches 1 8 --episodes 8   # smaller
+    python bench/generation_engines.py --quick               # what `make bench` runs: fp32, batch 8,
+                                                             # 8 prompts, 4 episodes
 
 On a shared machine the absolute numbers move; compare the columns of one run.
 """
@@ -195,7 +198,12 @@ def main() -> int:
     ap.add_argument("--episode-candidates", nargs="+", default=["generate", "generate+kv", "engine"], choices=list(CANDIDATES),
                     help="candidates of part 2 (continuous batching is left out by default: slowest in part 1)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--quick", action="store_true",
+                    help="fp32 only, batch 8, 8 prompts, 4 episodes (overrides those four options: "
+                         "continuous batching at batch 1 is the slowest cell of part 1)")
     a = ap.parse_args()
+    if a.quick:
+        a.dtypes, a.batches, a.prompts, a.episodes = ["fp32"], [8], 8, 4
     if a.threads:
         torch.set_num_threads(a.threads)
     if not (Path(a.model) / "config.json").exists():
@@ -212,7 +220,7 @@ def main() -> int:
         print(f"{'batch':>5} " + " ".join(f"{c:>11}" for c in a.candidates), flush=True)
         for b in a.batches:
             n = min(a.prompts, 4) if b == 1 else a.prompts
-            rates = []
+            rates: dict[str, float] = {}
             for c in a.candidates:
                 pol = CANDIDATES[c](model, tok, max_new_tokens=a.new_tokens, batch_size=b, dtype=dt)
                 pol.act(convs[:1], tools[:1])  # warm-up (and continuous batching's manager start)
@@ -221,11 +229,14 @@ def main() -> int:
                 t = time.perf_counter()
                 try:
                     out = pol.act(convs[:n], tools[:n])
-                    rates.append(f"{sum(x.completion_tokens for x in out) / (time.perf_counter() - t):11.1f}")
+                    rates[c] = sum(x.completion_tokens for x in out) / (time.perf_counter() - t)
                 except Exception as e:  # noqa: BLE001 - a candidate that cannot run says why, the others go on
-                    rates.append(f"{'failed':>11}")
                     print(f"  {c} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
-            print(f"{b:>5} " + " ".join(rates), flush=True)
+            print(f"{b:>5} " + " ".join(f"{rates[c]:11.1f}" if c in rates else f"{'failed':>11}"
+                                        for c in a.candidates), flush=True)
+            if rates.get("generate"):
+                print("      vs generate: " + ", ".join(f"{c} {r / rates['generate']:.2f}x" for c, r in rates.items()
+                                                     if c != "generate"), flush=True)
         if not a.episodes:
             continue
         ep = specs[:a.episodes]

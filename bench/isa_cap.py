@@ -1,6 +1,6 @@
 """How much slower this CPU's fp32 kernels get when oneDNN, MKL and ATen are capped at AVX2.
 
-Why: the project's time budget (issue M) is set on 2-core AMD EPYC machines with AVX2 only, and the
+Why: the project's time budget is set on 2-core AMD EPYC machines with AVX2 only, and the
 machine at hand may be an AVX-512 / AMX Xeon. Capping the instruction set is the nearest proxy for an
 AVX2 machine one can run here; this bench says how far the cap moves the kernels generation spends
 its time in (a decode step's linear layer and its attention over the cache, a prefill-sized matmul),
@@ -12,6 +12,7 @@ clock, caches or memory bandwidth.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -45,6 +46,7 @@ def run(cap: bool) -> dict[str, float]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     base, capped, base2 = run(False), run(True), run(False)  # A-B-A: the machine drifts
     print(f"kernel ms, fp32, {base['isa']} vs {capped['isa']} (A-B-A)")
     for name in (k for k in base if k != "isa"):

@@ -16,16 +16,16 @@ In bf16 the actions are counted, not required equal: batched bf16 rounds differe
 
 Timing is A-B-A: the engine runs before and after the naive loop (each from a cold cache), and the
 ratio is the naive time over the mean of the two engine runs, so a machine that drifts during the
-~6 min naive loop moves both sides alike.
+(long) naive loop moves both sides alike.
 
-Needs ``models/base`` (``python -m apprentice prepare-base``). Timings on a shared machine vary by
-15-30 %; the ratio is what matters, and both sides run back to back under the same conditions.
+Needs ``models/base`` (``python -m apprentice prepare-base``). Timings on a shared machine move; the
+ratio is what matters, and both sides run back to back under the same conditions.
 
-What bounds the ratio: where one sequence decodes latency-bound (a free CPU with AVX-512/AMX: ~35
-ms/token at batch 1, ~7-11x the throughput at batch 16), batching multiplies decode speed and the
-KV-cache reuse removes the re-encoding of earlier turns. Where the CPU is already compute-bound at
-batch 1 (no bf16 units, cores shared with other jobs) batching buys little for decoding and the
-gain is bounded by the FLOP ratio, i.e. by the prefill the cache avoids (~3.7x for 3 turns here).
+What bounds the ratio: where one sequence decodes latency-bound (a free CPU with AVX-512/AMX),
+batching multiplies decode speed and the KV-cache reuse removes the re-encoding of earlier turns.
+Where the CPU is already compute-bound at batch 1 (no bf16 units, cores shared with other jobs)
+batching buys little for decoding and the gain is bounded by the FLOP ratio, i.e. by the prefill
+the cache avoids, which grows with the number of turns.
 """
 
 from __future__ import annotations
@@ -138,8 +138,8 @@ def main() -> int:
         slow = [run_episodes([s], naive, max_turns=args.max_turns, batch_size=1, progress=False)[0] for s in specs]
         t_slow = time.perf_counter() - t
         # A-B-A: the engine runs again after the naive loop and the ratio uses the mean of its two
-        # runs, so a machine that slows down or speeds up during the ~6 min naive loop moves both sides
-        # alike (one engine run at a noisy moment had moved the fp32 ratio from 8.3x to 7.0x)
+        # runs, so a machine that slows down or speeds up during the long naive loop moves both sides
+        # alike (one engine run at a noisy moment moves the ratio visibly)
         again, t_second = engine_run()
         t_fast = (t_first + t_second) / 2
         print(f"batched engine again: {t_second:.1f} s  (mean of the two: {t_fast:.1f} s; "
@@ -156,7 +156,7 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(result, indent=2))
     # bf16: a batch rounds differently from one sequence (padding, matmul blocking), so greedy picks
     # can flip at near-ties; plain batched `generate` agrees with batch-1 `generate` no better
-    # (bench/generation_engines.py: 3/6 episodes vs the engine's 4/6). The exact check is fp32's.
+    # (bench/generation_engines.py prints both against naive). The exact check is fp32's.
     if not args.skip_naive and result["identical_actions"] != n and dtype == torch.float32:
         print("FAIL: batched and naive runs took different actions under greedy decoding", file=sys.stderr)
         return 1

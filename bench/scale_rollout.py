@@ -13,7 +13,10 @@ that all three produced identical transcripts, then prints episodes/s and the ra
 is ``overhead <ray x1 time / local time>`` (target <= 1.15).
 
     python bench/scale_rollout.py                 # 24 problems, models/base
+    python bench/scale_rollout.py --problems 8    # 8 problems, models/base (what `make bench` runs)
     python bench/scale_rollout.py --quick         # 8 problems, tiny model: a smoke check
+
+Without Ray (``pip install -e '.[ray]'``) it prints one line saying so and exits 0.
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ def main() -> int:
     p.add_argument("--model", default="")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
+    try:
+        import ray
+    except ImportError:
+        print("scale_rollout: skipped, Ray is not installed (pip install -e '.[ray]')")
+        return 0
     n = 8 if a.quick else a.problems
     model = a.model or str(ROOT / ("models/base" if (ROOT / "models/base/config.json").exists() and not a.quick
                                    else "models/tiny"))
@@ -78,8 +86,6 @@ def main() -> int:
     factory = Factory(model, a.max_new_tokens, a.batch_size, a.threads)
     kw = dict(max_turns=3, batch_size=a.batch_size, progress=False, max_format_errors=2)
     print(f"{n} problems, model {model}, max_new_tokens {a.max_new_tokens}, {a.threads} thread(s) per process")
-
-    import ray
 
     ray.init(num_cpus=2 * a.threads, include_dashboard=False, log_to_driver=False)
     try:

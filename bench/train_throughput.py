@@ -15,7 +15,7 @@ Prints, in one run:
 
 "Raw TRL" is ``trl.SFTTrainer`` with its defaults (right-padded batches, its fused LM head, which
 scores every position on CPU) and only the settings any CPU run needs (``use_cpu``, fp32, no
-activation checkpointing: it only costs time at this size, TRL-CPU-NOTES pitfall 5) plus the
+activation checkpointing: at this model size it only costs time) plus the
 objective (``assistant_only_loss``). "Ours" is the stage's trainer
 (:class:`apprentice.training.sft.ApprenticeSFTTrainer`: padding-free batches with per-sequence
 attention, LM head on loss positions only, one copy of a micro-batch's common prefix;
@@ -25,7 +25,7 @@ attention, LM head on loss positions only, one copy of a micro-batch's common pr
     python bench/train_throughput.py --steps 2 --quick   # smoke check on the quick profile's tiny model
 
 Needs ``models/base`` (``python -m apprentice prepare-base``); builds the SFT set in a temp dir
-(benchmark -> synth -> oracle rollout -> validate, ~20 s) unless ``--data`` names one.
+(benchmark -> synth -> oracle rollout -> validate) unless ``--data`` names one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Issue B: does selecting training problems by *predicted* pass rate (``synth.sampler``) land where
+"""Does selecting training problems by *predicted* pass rate (``synth.sampler``) land where
 the sampler aims, for a real trained model?
 
-    .venv/bin/python bench/synth_selection.py --episodes data/iter_1/eval/rl.parquet --model models/iter_1/rl
+    .venv/bin/python experiments/synth_selection.py --episodes data/iter_1/eval/rl.parquet --model models/iter_1/rl
 
 1. fits the ex-ante difficulty predictor on ``--episodes`` (a model's held-out episodes of iteration 1,
    what ``synth`` reads in iteration 2) and lets ``synth.sampler`` pick ``--n`` of ``--n x oversample``

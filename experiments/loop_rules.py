@@ -1,11 +1,11 @@
-"""Issue L: compare the loop rules (``loop.rule``) by the champion they leave, one ``dvc exp run`` each.
+"""Compare the loop rules (``loop.rule``) by the champion they leave, one ``dvc exp run`` each.
 
-    .venv/bin/python bench/loop_rules.py --profile default --workdir /tmp/loop-rules --iterations 2
-    .venv/bin/python bench/loop_rules.py --profile quick   --workdir /tmp/loop-rules-quick
-    .venv/bin/python bench/loop_rules.py --pipe /tmp/run    # a finished `make run` clone: iteration 1 reused
+    .venv/bin/python experiments/loop_rules.py --profile default --workdir /tmp/loop-rules --iterations 2
+    .venv/bin/python experiments/loop_rules.py --profile quick   --workdir /tmp/loop-rules-quick
+    .venv/bin/python experiments/loop_rules.py --pipe /tmp/run    # a finished `make run` clone: iteration 1 reused
 
 What it does, all through DVC (nothing here trains or evaluates by itself):
-  1. a throwaway clone of HEAD (``bench/sampler_sweep.py::prepare``: ``dvc exp`` rewrites params.yaml
+  1. a throwaway clone of HEAD (``experiments/sampler_sweep.py::prepare``: ``dvc exp`` rewrites params.yaml
      in its workspace); ``--iterations`` K must not exceed the profile's ``pipeline.iterations`` (the
      generated dvc.yaml declares that many; default 2);
   2. per rule, the MLflow registry rewound to what iteration 1 left (``lineage.rewind``: the rules
@@ -124,7 +124,7 @@ def main() -> None:
         if gone := rewind_registry(pipe, 1):
             print(f"registry rewound to iteration 1: versions {', '.join(gone)} deleted", flush=True)
         subprocess.run([sys.executable, "-m", "dvc", "exp", "remove", f"loop-{rule}"], cwd=pipe, env=env,
-                       capture_output=True)  # a rerun of the bench replaces its experiments
+                       capture_output=True)  # a rerun of this script replaces its experiments
         sh([sys.executable, "-m", "dvc", "exp", "run", "-n", f"loop-{rule}", "-S", f"loop.rule={rule}",
             f"report-{a.iterations}"], pipe, env)
         results[rule] = (champion_rows(pipe, a.iterations), time.time() - t0)

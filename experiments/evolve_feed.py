@@ -1,6 +1,6 @@
-"""Issue B: where does the generation scheduler stop for a given model? (``curriculum.evolve.feed``)
+"""Where does the generation scheduler stop for a given model? (``curriculum.evolve.feed``)
 
-    .venv/bin/python bench/evolve_feed.py --model models/iter_1/sft --feed 8
+    .venv/bin/python experiments/evolve_feed.py --model models/iter_1/sft --feed 8
 
 Builds the evolved generations of ``params.yaml`` (``curriculum.evolve``) in a temp dir, then runs
 exactly the RL stage's walk (``apprentice.curriculum.feed_generations`` with the RL probe): ``--feed``

@@ -5,7 +5,7 @@ layers as every k-th + the last), prints the parameter ratio and, on the SFT set
 loss and the loss of each pruning rule straight after pruning (``every``: 0, k, 2k, ... + last;
 ``influence``: ShortGPT block influence, first and last kept). Lower is a better warm-start point.
 
-    python bench/student_init.py --teacher models/iter_1/sft --keep-every 2
+    python experiments/student_init.py --teacher models/iter_1/sft --keep-every 2
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Issue B measurements in one run: evolution claim, difficulty-predictor calibration and flaw
+"""Environment evolution and curriculum measurements in one run: evolution claim, difficulty-predictor calibration and flaw
 detection, and what each curriculum sampler selects. Prints JSON and writes PNGs (offline).
 
-    .venv/bin/python bench/experiment_b.py --root /tmp/expb --figures docs/figures
+    .venv/bin/python experiments/experiment_b.py --root /tmp/expb --figures docs/figures
     (add --entropy models/base to use the base model's token entropy as a predictor feature)
 
 1. Evolution: ``python -m apprentice evolve`` (the stage itself) on store + grid + search, generations

@@ -1,11 +1,11 @@
-"""Issue L item 0: why SFT-2 (continued from the champion) scored below SFT-1, measured cheaply.
+"""Why SFT-2 (continued from the champion) scored below SFT-1, measured cheaply.
 
 A 40-problem greedy benchmark cannot resolve the question (Wilson half-width ~15 points), so this
 measures the held-out teacher NLL (:mod:`apprentice.training.heldout`: assistant tokens of teacher
 trajectories of a third, untrained iteration's problems) along three runs on the real model:
 
 1. ``sft1``: the base model, ``--steps1`` SFT steps on iteration 1's validated data (the default recipe);
-2. ``old``: continue from ``sft1`` on iteration 2's data exactly as iteration 2 did before issue L
+2. ``old``: continue from ``sft1`` on iteration 2's data exactly as iteration 2 did before the loop rules
    (full ``sft.learning_rate``, fresh AdamW, no warm-up);
 3. ``new``: the same continuation under the ``continue`` rule (``loop.lr_factor`` x the learning rate,
    ``loop.warmup_steps`` warm-up).
@@ -13,7 +13,7 @@ trajectories of a third, untrained iteration's problems) along three runs on the
 The held-out NLL is logged after every continuation step, so a rise in the first steps (the
 fresh-optimizer shock) shows directly. Inputs: a work dir where ``validate --iter 1/2/3`` ran.
 
-    nice -n 10 .venv/bin/python bench/continue_sft.py --work /tmp/L_diag --steps1 8 --steps2 4
+    nice -n 10 .venv/bin/python experiments/continue_sft.py --work /tmp/L_diag --steps1 8 --steps2 4
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=16)
     ap.add_argument("--lr-factor", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/continue_sft.json"))
+    ap.add_argument("--out", type=Path, help="where the rows go (default: <work>/continue_sft.json)")
     a = ap.parse_args()
+    a.out = a.out or a.work / "continue_sft.json"
     cfg = load_config(a.work / "params.yaml")
     base = str(a.work / "models" / "base")
     tok = load_tokenizer(base, cfg.model.chat_template)

@@ -2,11 +2,11 @@
 
 Why: an evaluation draft (``CachedHFPolicy._verify``) is checked in one prefill, while decoding would
 have produced each token in its own step; the two sum in different orders. ``DRAFT_MARGINS`` (how far
-a draft token must lead the runner-up) is set from this gap: in fp32 it was ~1e-4 logits, in bf16
-autocast up to 0.78 (median 0.25) on SmolLM2-135M. It also prints the share of greedy tokens whose
+a draft token must lead the runner-up) is set from this gap (docs/experiments.md, Draft margins: the
+gap in each dtype). It also prints the share of greedy tokens whose
 own lead is under 0.5 and 1 logit: what a margin costs in rejected drafts.
 
-    python bench/draft_margin.py [--model models/base] [--dtype fp32 bf16]
+    python experiments/draft_margin.py [--model models/base] [--dtype fp32 bf16]
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """What extending Apprentice costs: the files a throwaway stage, environment family and OPD variant touch.
 
-Issue H's measure. For each extension the script checks out ``--ref`` (default ``HEAD``) into a
+For each extension the script checks out ``--ref`` (default ``HEAD``) into a
 temporary git worktree, writes the throwaway example the way the README says to, proves it is live (the
 stage is a CLI verb, a DVC stage, a Prefect task and a place in the flow's order; the family passes
 ``check-env``; the variant's knob reaches its recipe), and prints the files it touched: hand-written
 ones with the lines they gained (the diff size), and separately the ones a generator rewrote
-(``dvc.yaml``). The numbers *before* the stage registry came from the same examples on scratch branches
-at the pre-registry code (``scratch-before-a``, ``-b``, ``-c``): a stage touched 6 hand-written files, a
-family 2, a variant 2 (config, variants; the branch also wrote the knob's default into params.yaml,
-which is optional: the config class holds the default).
+(``dvc.yaml``). The counts before the stage registry, and the ones it brought, are logged in
+docs/experiments.md (What extending costs).
 
-    python bench/extension_cost.py            # on HEAD; ~20 s (the CLI and Prefect imports dominate)
+    python experiments/extension_cost.py            # on HEAD (the CLI and Prefect imports take most of its time)
 
 Why by hand: no library measures "files touched to add X"; it is ``git status`` on a scratch worktree.
 """
@@ -95,7 +93,7 @@ KNOB = '''    sharp_samples: int = Field(2, ge=1, description="sharp variant: ep
 def _insert(path: Path, anchor: str, text: str, after: bool = False) -> None:
     s = path.read_text()
     if anchor not in s:
-        raise SystemExit(f"{path}: anchor {anchor!r} not found; update bench/extension_cost.py to the new layout")
+        raise SystemExit(f"{path}: anchor {anchor!r} not found; update experiments/extension_cost.py to the new layout")
     i = s.index(anchor) + (len(anchor) if after else 0)
     path.write_text(s[:i] + text + s[i:])
 

@@ -1,7 +1,7 @@
-"""Issue B.6: compare the curriculum samplers by *trained* outcome with a ``dvc exp`` sweep.
+"""Compare the curriculum samplers by *trained* outcome with a ``dvc exp`` sweep.
 
-    .venv/bin/python bench/sampler_sweep.py --profile quick --workdir /tmp/sweep-quick
-    .venv/bin/python bench/sampler_sweep.py --profile default --workdir /tmp/sweep-default
+    .venv/bin/python experiments/sampler_sweep.py --profile quick --workdir /tmp/sweep-quick
+    .venv/bin/python experiments/sampler_sweep.py --profile default --workdir /tmp/sweep-default
 
 What it does, all through DVC (nothing here trains or evaluates by itself):
   1. clones the repository's HEAD into ``--workdir`` (the sweep never touches your checkout: ``dvc exp``

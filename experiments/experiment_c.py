@@ -1,7 +1,7 @@
-"""Issue C measurements: (a) does OPD improve faster than GRPO early; (b) does vanilla multi-turn OPD's
+"""On-policy distillation measurements: (a) does OPD improve faster than GRPO early; (b) does vanilla multi-turn OPD's
 per-turn KL grow with the turn index, and do Guided-OPD / DASH-OPD / TCOD reduce that growth?
 
-    .venv/bin/python bench/experiment_c.py --root /tmp/expc --figures docs/figures
+    .venv/bin/python experiments/experiment_c.py --root /tmp/expc --figures docs/figures
     # options: --steps 12 --problems 6 --variants opd,grpo,atod,guided,dash,tcod --teacher-steps 150
     #          --student-steps 25 --eval 24 --jobs 2
 
@@ -20,7 +20,7 @@ Reward = fraction of the sequence entered (partial credit gives GRPO a signal); 
 Budget = length + 2 turns.
 
 Why a toy: on the shared 2-core CPU the 49k-word vocabulary head dominates every forward, so an
-episode must stay ~150 tokens for a sweep to fit in minutes (see docs/experiments.md C, caveats).
+episode must stay ~150 tokens for a sweep to fit in minutes (docs/experiments.md, the OPD sweep's caveats).
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def oracle_messages(spec: ProblemSpec) -> list[dict]:
 def build_models(root: Path, tok_dir: str, teacher_steps: int, student_steps: int, length: int,
                  seed: int = 0, batch: int = 8, lr: float = 5e-3, init: str = "",
                  key_weight: float = 1.0) -> tuple[str, str, dict]:
-    """SFT a tiny model on oracle episodes (logits only at assistant tokens: TRL-CPU-NOTES Q6 measured
-    this loop 6-13x faster than TRL SFT for a 49k vocabulary); save the checkpoint at ``student_steps``
+    """SFT a tiny model on oracle episodes (logits only at assistant tokens: with a 49k vocabulary
+    the LM head over every position dominates TRL SFT's step on CPU, so this plain loop is much faster); save the checkpoint at ``student_steps``
     as the student and the one at ``teacher_steps`` as the teacher. Cached in ``root``."""
     from apprentice.lm.modeling import load_model, load_tokenizer, make_tiny_model, save_model
 
