@@ -57,7 +57,7 @@ bench: $(STAMP) models/base/config.json   ## benchmark ratios measured side by s
 	$(BIN)/python bench/sandbox.py 6
 
 lint: $(STAMP)
-	$(BIN)/ruff check apprentice tasks flows tests bench
+	$(BIN)/ruff check apprentice tasks flows tests bench experiments
 	$(BIN)/mypy apprentice
 
 serve: $(STAMP)   ## local Prefect server + a worker for the scheduled deployment

@@ -6,7 +6,7 @@ time, so the environment keeps pace with the learner. The evolve stage
 writes generations 0..G; :class:`GenerationScheduler` walks them 0, 1, ... while the policy's probed
 pass rate on the current one reaches ``curriculum.advance_threshold``, so training meets the first
 generation the policy has not mastered. :func:`feed_generations` is the entry point (the RL stage and
-``bench/evolve_feed.py`` call it); the operators stay with the environments, the choice is curriculum.
+``experiments/evolve_feed.py`` call it); the operators stay with the environments, the choice is curriculum.
 """
 
 from __future__ import annotations

@@ -483,7 +483,7 @@ def rewind(model_name: str, iteration: int, champion: str | int | None) -> list[
 
     Deletes every version tagged with a later iteration and points ``champion`` and ``challenger``
     back at ``champion`` (None: both aliases removed). Why: ``dvc exp run`` re-runs iterations in the
-    same workspace and so against the same registry; comparing loop rules (bench/loop_rules.py) needs
+    same workspace and so against the same registry; comparing loop rules (experiments/loop_rules.py) needs
     each rule's promote-k to meet the champion iteration k-1 left, not the one the previous rule's
     experiment promoted (whose evaluation table the next experiment overwrites). Destructive: meant
     for a throwaway clone, never for a registry others read.

@@ -259,7 +259,7 @@ def _grouped_decode() -> Iterator[None]:
 KV_GB = 3.2  # keys/values the engine may hold: the prefix store plus one call's decode buffers
 STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (larger calls are split)
 # logits a draft token must lead the runner-up by (_verify), per compute dtype, set from the gap between a decode
-# step's logits and a prefill's over the same tokens (bench/draft_margin.py). fp32: orders of magnitude above that
+# step's logits and a prefill's over the same tokens (experiments/draft_margin.py). fp32: orders of magnitude above that
 # gap, so a draft decides exactly what decoding would. bf16 autocast: the gap can reach most of a logit and flip an
 # argmax; 0.5 rather than a margin above the largest gap, because bf16 transcripts already move with batch
 # composition and thread count, and a wider margin rejects far more drafts for few more identical transcripts.

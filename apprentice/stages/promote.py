@@ -214,7 +214,7 @@ def _champion_results(champ: dict[str, Any], challenger: pd.DataFrame, cfg: Conf
     if not _same_weights(tags, weights):
         warnings.warn(f"champion v{champ['version']}'s weights {weights} changed since it was registered; it cannot "
                       "be re-evaluated, so it stays champion. To compare a re-run of an iteration against the champion "
-                      "before it, rewind the registry first (apprentice.ops.lineage.rewind, as bench/loop_rules.py does)",
+                      "before it, rewind the registry first (apprentice.ops.lineage.rewind, as experiments/loop_rules.py does)",
                       stacklevel=2)
         return None
     from apprentice.stages import evaluate

@@ -2,7 +2,7 @@
 
 Why: a 40-problem greedy benchmark has a Wilson half-width of ~15 points, so it cannot tell whether
 one SFT run lost ground against another; the mean NLL over a few thousand supervised tokens of
-held-out teacher trajectories can (it moves smoothly with the weights). ``bench/continue_sft.py``
+held-out teacher trajectories can (it moves smoothly with the weights). ``experiments/continue_sft.py``
 tracks it along a continued SFT run, and the loop-rule tests use it as the "did continuing lose more
 than noise" criterion. Same tokens the SFT loss reads (the chat template's ``{% generation %}``
 markers, i.e. assistant turns only), same objective (token-mean NLL).

@@ -4,7 +4,7 @@ Why a rule at all: continuing from the champion exactly as iteration 1 starts fr
 (the full ``sft.learning_rate``, a fresh AdamW, no warm-up) on fresh problems only loses ground the
 champion had. A fresh AdamW's first update is ``lr * m / sqrt(v)`` ~ ``lr * sign(g)`` on *every*
 weight whatever the gradient's size; on data the model already fits the gradient is mostly noise,
-so the first steps are full-size steps in noisy directions (``bench/continue_sft.py`` measures the
+so the first steps are full-size steps in noisy directions (``experiments/continue_sft.py`` measures the
 held-out NLL along such a continuation). The rules (``loop.rule``; docs/experiments.md compares
 them):
 

@@ -104,7 +104,7 @@ def test_callers_import_the_curriculum_only_through_its_package():
     root = Path(__file__).resolve().parents[2]
     bad = re.compile(r"apprentice\.curriculum\.(?!difficulty\b)\w+\s+import|from apprentice\.curriculum\.(?!difficulty\b)|"
                      r"apprentice\.samplers\b|training\.curriculum\b|from apprentice\.training import curriculum")
-    files = [p for d in ("apprentice", "bench", "tests", "tasks", "flows") for p in sorted((root / d).rglob("*.py"))
+    files = [p for d in ("apprentice", "bench", "experiments", "tests", "tasks", "flows") for p in sorted((root / d).rglob("*.py"))
              if p.parent != root / "apprentice" / "curriculum" and p != Path(__file__).resolve()]
     offenders = [f"{p.relative_to(root)}:{i}" for p in files
                  for i, line in enumerate(p.read_text().splitlines(), 1) if bad.search(line)]

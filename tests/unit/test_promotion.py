@@ -84,7 +84,7 @@ def test_champion_stays_when_challenger_is_worse(store):
 
 
 def test_rewound_registry_lets_a_second_iteration_2_meet_iteration_1s_champion(store):
-    """Two loop rules re-run iteration 2 in one workspace (bench/loop_rules.py): after ``lineage.rewind``
+    """Two loop rules re-run iteration 2 in one workspace (experiments/loop_rules.py): after ``lineage.rewind``
     the second rule's promote-2 meets v1, the champion iteration 1 left, not the first rule's v2."""
     from apprentice.ops import lineage
     from apprentice.stages import promote
