@@ -33,7 +33,7 @@ class Section(BaseModel):
 
 
 class PipelineConfig(Section):
-    iterations: int = Field(1, ge=1, description="How many self-improvement iterations dvc.yaml declares.")
+    iterations: int = Field(2, ge=1, description="How many self-improvement iterations dvc.yaml declares.")
     seed: int = Field(0, description="Global seed; every stage derives its own from it.")
     profile: str = Field("default", description="Name of the profile this file was written for.")
 
@@ -64,13 +64,29 @@ def _resolve_families(v: list[str]) -> list[str]:
     return v
 
 
+#: The module that holds the one ``distill.variant`` registry (``VARIANTS``: name -> recipe builder).
+VARIANTS_MODULE = "apprentice.training.opd.variants"
+
+
+def variant_names() -> list[str]:
+    """Every selectable ``distill.variant``, read from the registry itself (so the config accepts exactly
+    the names the distill stage can dispatch). Imported by a computed name on purpose: the registry
+    changes what the distill stage computes only, and that stage imports it itself;
+    :mod:`apprentice.codedeps` follows constant imports, so a plain import here would make it a code dep
+    of every stage (and rerun them all when a variant is added)."""
+    import importlib
+
+    return list(importlib.import_module(VARIANTS_MODULE).VARIANTS)
+
+
 class SynthConfig(Section):
-    families: list[str] = Field(default_factory=lambda: ["grid", "search"])
+    families: list[str] = Field(default_factory=lambda: ["grid", "search"], description="Environment families "
+                                "trained on (registered names: built-in, rg_*/toytext_* adapters, plugins).")
     n_train: int = Field(200, ge=1, description="Training problems per iteration (all families).")
     levels: list[int] = Field(
         default_factory=lambda: [0, 1, 2], description="Difficulty levels sampled uniformly."
     )
-    seed: int = 1
+    seed: int = Field(1, description="Seed of problem synthesis (combined with pipeline.seed and the iteration).")
     sampler: Literal["none", "pass_band", "dtac", "hdc", "aes"] = Field(
         "none", description="Iteration k > 1: generate n_train x oversample candidates, predict the current "
         "model's pass rate on each from its spec (predictor fitted on iteration k-1's held-out episodes) "
@@ -89,10 +105,11 @@ class SynthConfig(Section):
 class BenchmarkConfig(Section):
     """The fixed benchmark: one held-out problem set, synthesized once and scored in every iteration."""
 
-    n: int = Field(40, ge=1, description="Benchmark problems (all families, all levels, round-robin).")
+    n: int = Field(160, ge=1, description="Benchmark problems (all families, all levels, round-robin).")
     seed: int = Field(1000, description="Its own seed: the benchmark does not move with pipeline.seed or synth.seed.")
     families: list[str] = Field(default_factory=list, description="Families (empty = synth.families).")
-    levels: list[int] = Field(default_factory=list, description="Levels (empty = synth.levels).")
+    levels: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4],
+                              description="Levels (empty = synth.levels).")
 
     @field_validator("families")
     @classmethod
@@ -103,15 +120,17 @@ class BenchmarkConfig(Section):
 class PolicyConfig(Section):
     """Who acts: the oracle, a local HF model, or an OpenAI-compatible endpoint."""
 
-    kind: Literal["oracle", "hf", "openai"] = "oracle"
+    kind: Literal["oracle", "hf", "openai"] = Field(
+        "oracle", description="Who acts: oracle (the environment's own plan), hf (a local HF model) or openai "
+        "(an OpenAI-compatible endpoint).")
     model: str = Field("", description="HF id/path (kind=hf) or served model name (kind=openai).")
     base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="Name of the env var holding the API key.")
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(96, ge=1)
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (1 = off).")
+    max_new_tokens: int = Field(96, ge=1, description="Token cap of one assistant turn.")
     batch_size: int = Field(32, ge=1, description="Max episodes whose next turn is generated at once.")
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, description="Seconds one endpoint request may take (kind=openai).")
     max_retries: int = Field(3, ge=0, description="Extra attempts of one request after a transient failure "
                              "(connection, timeout, 429/5xx, a body that is not a chat completion).")
     circuit_breaker: int = Field(8, ge=1, description="Consecutive connection failures or timeouts (across all "
@@ -119,7 +138,7 @@ class PolicyConfig(Section):
                                  "every problem's retries on an endpoint that is down.")
 
     #: what only decides how an answer is fetched, not what it is: left out of episode fingerprints, so a
-    #: rerun with another port, timeout or retry count resumes the finished episodes (issue O)
+    #: rerun with another port, timeout or retry count resumes the finished episodes
     TRANSPORT: ClassVar[frozenset[str]] = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries",
                                                       "circuit_breaker"})
 
@@ -131,8 +150,8 @@ class PolicyConfig(Section):
 
 
 class RolloutConfig(Section):
-    teacher: PolicyConfig = PolicyConfig()
-    samples_per_problem: int = Field(1, ge=1)
+    teacher: PolicyConfig = Field(PolicyConfig(), description="The teacher whose episodes SFT learns from.")
+    samples_per_problem: int = Field(1, ge=1, description="Teacher episodes per training problem.")
     max_turns: int = Field(0, ge=0, description="Hard cap on turns (0 = each problem's own budget).")
     shard_size: int = Field(64, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards only.")
     error_budget: float = Field(0.0, ge=0, le=1, description="Share of episodes that may fail after retries "
@@ -143,45 +162,51 @@ class RolloutConfig(Section):
 
 
 class ValidateConfig(Section):
-    max_truncation_rate: float = Field(0.2, ge=0, le=1)
-    min_success_rate: float = Field(0.5, ge=0, le=1)
-    success_only: bool = True
+    max_truncation_rate: float = Field(0.2, ge=0, le=1, description="Largest share of truncated teacher "
+                                       "episodes (cut off by a turn or token budget) the gate accepts.")
+    min_success_rate: float = Field(0.5, ge=0, le=1, description="Smallest share of successful teacher "
+                                    "episodes the gate accepts.")
+    success_only: bool = Field(True, description="Keep only successful episodes in the SFT set.")
     max_message_chars: int = Field(
         20000, ge=100, description="Longest message (content + tool-call arguments) a teacher episode may "
         "hold; a longer one fails the gate (a runaway generation or a broken observation).")
 
 
 class SFTConfig(Section):
-    max_steps: int = Field(20, ge=1)
-    batch_size: int = Field(8, ge=1)
-    grad_accum: int = Field(1, ge=1)
-    learning_rate: float = Field(1e-4, gt=0)
-    max_length: int = Field(512, ge=16)
+    max_steps: int = Field(16, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(2, ge=1, description="Conversations per forward/backward pass.")
+    grad_accum: int = Field(2, ge=1, description="Passes accumulated per optimizer step (a step sees "
+                            "batch_size x grad_accum conversations; the loss is normalised by the step's tokens).")
+    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate (AdamW).")
+    max_length: int = Field(768, ge=16, description="Tokens per conversation; longer ones are truncated.")
     horizon_tokens: int = Field(0, ge=0, description="Keep the first H tokens of each trajectory (0 = all).")
-    lora: bool = False
-    lora_r: int = Field(16, ge=1)
-    deepspeed: Literal["none", "zero2", "zero3"] = "none"
-    save_steps: int = Field(10, ge=1)
-    seed: int = 0
+    lora: bool = Field(False, description="Train LoRA adapters (rank lora_r) instead of all weights.")
+    lora_r: int = Field(16, ge=1, description="LoRA rank (lora: true).")
+    deepspeed: Literal["none", "zero2", "zero3"] = Field("none", description="DeepSpeed ZeRO stage for SFT "
+                                                         "(none, zero2, zero3; needs the gpu extra).")
+    save_steps: int = Field(8, ge=1, description="Checkpoint every N steps (a rerun resumes from the last).")
+    seed: int = Field(0, description="Training seed (data order, adapter initialisation).")
 
 
 class RLConfig(Section):
-    max_steps: int = Field(4, ge=0)
-    prompts_per_step: int = Field(2, ge=1)
-    num_generations: int = Field(4, ge=2)
-    max_completion_length: int = Field(160, ge=16)
-    max_tool_calls: int = Field(4, ge=1)
-    learning_rate: float = Field(5e-6, gt=0)
-    beta: float = Field(0.0, ge=0)
+    max_steps: int = Field(3, ge=0, description="GRPO optimizer steps (0 = RL copies the SFT model).")
+    prompts_per_step: int = Field(3, ge=1, description="Problems per step, each one GRPO group.")
+    num_generations: int = Field(4, ge=2, description="Episodes per problem (the GRPO group size).")
+    max_completion_length: int = Field(256, ge=16, description="Token cap of one episode's completion "
+                                       "(all assistant turns and tool responses).")
+    max_tool_calls: int = Field(4, ge=1, description="Tool calls per episode before it is cut off.")
+    learning_rate: float = Field(5e-6, gt=0, description="Peak learning rate (AdamW).")
+    beta: float = Field(0.0, ge=0, description="GRPO's KL penalty towards the SFT model (0 = none).")
     curriculum: Literal["difficulty", "random", "sampler"] = Field(
-        "difficulty", description="'sampler' = order the probed problems with curriculum.sampler (issue B).")
+        "difficulty", description="Order of the probed problems: difficulty (easy to hard), random, or "
+        "sampler (the order curriculum.sampler picks).")
     probe_samples: int = Field(4, ge=0, description="Pass-rate probe per problem (0 = no filter).")
-    probe_problems: int = Field(16, ge=1)
-    save_steps: int = Field(2, ge=1)
-    micro_batch_size: int = Field(2, ge=1, description="Episodes per forward/backward pass (the step's "
-                                  "prompts_per_step x num_generations episodes are accumulated in micro-batches: "
-                                  "the loss over all 8 at once peaked at 12.6 GB on the default profile).")
-    seed: int = 0
+    probe_problems: int = Field(12, ge=1, description="Training problems the probe measures (spread easy to hard).")
+    save_steps: int = Field(2, ge=1, description="Checkpoint every N steps (a rerun resumes from the last).")
+    micro_batch_size: int = Field(2, ge=1, description="Episodes per forward/backward pass: the step's "
+                                  "prompts_per_step x num_generations episodes are accumulated in micro-batches "
+                                  "of this size, which bounds peak memory.")
+    seed: int = Field(0, description="Seed of the RL probe, the random curriculum order and GRPO training.")
 
     @model_validator(mode="after")
     def _micro_divides(self) -> RLConfig:
@@ -194,16 +219,17 @@ class RLConfig(Section):
 
 class StudentConfig(Section):
     source: str = Field("prune", description="'prune' (layer-drop of the teacher) or an HF id/path.")
-    keep_every: int = Field(3, ge=1, description="Student size: as many decoder layers as every k-th plus the last.")
+    keep_every: int = Field(2, ge=1, description="Student size: as many decoder layers as every k-th plus the last.")
     prune: Literal["every", "influence", "block"] = Field(
-        "every", description="Which layers: every k-th + last, or the most influential on the teacher's data "
+        "influence", description="Which layers: every k-th + last, or the most influential on the teacher's data "
         "(ShortGPT block influence; first and last always kept), or all but the most redundant contiguous block.")
-    warmup_steps: int = Field(40, ge=0, description="SFT warm start of the student on teacher data.")
-    warmup_lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(60, ge=0, description="Steps of SFT warm start of the student on teacher "
+                              "trajectories (sequence-level KD; 0 = none).")
+    warmup_lr: float = Field(1e-3, gt=0, description="Learning rate of the warm start.")
 
 
 class OPDConfig(Section):
-    """Multi-turn on-policy distillation family (issue C; apprentice/training/opd, docs/experiments.md C).
+    """Knobs of the multi-turn on-policy distillation variants (apprentice/training/opd).
 
     ``distill.variant`` picks the recipe; these knobs parameterise it. ``*_steps = 0`` means "over
     ``distill.max_steps``"."""
@@ -215,7 +241,8 @@ class OPDConfig(Section):
     sod_alpha: float = Field(0.0, description="SOD step re-weighting exp(-alpha d_k/mean d): >0 attenuates high-divergence turns, <0 amplifies (T-DUR).")
     train_teacher_turns: bool = Field(False, description="Also distil on teacher-written turns (default: context only).")
     guided_p0: float = Field(0.5, ge=0, le=1, description="Guided-OPD: teacher-intervention probability at step 0.")
-    guided_decay: Literal["linear", "cosine", "exponential"] = "linear"
+    guided_decay: Literal["linear", "cosine", "exponential"] = Field(
+        "linear", description="Guided-OPD: shape of the decay of the intervention probability to 0.")
     guided_decay_steps: int = Field(0, ge=0, description="Steps until p reaches 0 (0 = distill.max_steps).")
     dash_drift_threshold: float = Field(0.9, gt=0, description="DASH: drift evidence that hands the turn to the teacher.")
     dash_recovery_threshold: float = Field(0.9, gt=0, description="DASH: recovery evidence that hands it back.")
@@ -223,7 +250,8 @@ class OPDConfig(Section):
     dash_scale: float = Field(1.0, gt=0, description="DASH: nats of log-ratio that normalise to ~0.63.")
     tcod_start_turns: int = Field(1, ge=1, description="TCOD: exposed depth at step 0.")
     tcod_end_turns: int = Field(8, ge=1, description="TCOD: exposed depth at the end of the schedule.")
-    tcod_schedule: Literal["linear", "stages"] = "linear"
+    tcod_schedule: Literal["linear", "stages"] = Field(
+        "linear", description="TCOD: depth grows linearly, or in equal plateaus (stages).")
     tcod_steps: int = Field(0, ge=0, description="Steps to reach the full depth (0 = distill.max_steps).")
     anneal_kind: Literal["linear", "cosine", "exponential"] = Field("linear", description="ATOD: OPD->RL schedule shape.")
     anneal_steps: int = Field(0, ge=0, description="ATOD: steps of the OPD->RL ramp (0 = distill.max_steps).")
@@ -235,24 +263,37 @@ class OPDConfig(Section):
 
 
 class DistillConfig(Section):
-    student: StudentConfig = StudentConfig()
-    max_steps: int = Field(4, ge=0)
-    batch_size: int = Field(8, ge=1)
-    max_completion_length: int = Field(48, ge=8)
-    learning_rate: float = Field(5e-5, gt=0)
-    divergence: Literal["forward_kl", "reverse_kl", "jsd"] = "jsd"
+    student: StudentConfig = Field(StudentConfig(), description="How the student is built and warm-started.")
+    max_steps: int = Field(2, ge=0, description="On-policy distillation optimizer steps.")
+    batch_size: int = Field(8, ge=1, description="Prompts (or, for multi-turn variants, problems) per step.")
+    max_completion_length: int = Field(48, ge=8, description="Tokens the student generates per prompt (multi-turn "
+                                       "variants: per turn).")
+    learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate (AdamW).")
+    divergence: Literal["forward_kl", "reverse_kl", "jsd"] = Field(
+        "jsd", description="Token-level divergence between student and teacher: forward_kl, reverse_kl, or "
+        "jsd (generalised JSD with beta).")
     beta: float = Field(0.5, ge=0, le=1, description="JSD interpolation (0 = forward KL, 1 = reverse KL).")
-    variant: str = Field("vanilla", description="OPD variant (issue C): vanilla, guided, dash, tcod, atod, privileged, grpo")
-    opd: OPDConfig = OPDConfig()
+    variant: str = Field("vanilla", description="Which distillation trainer and recipe: a name registered in "
+                         "apprentice/training/opd/variants.py (VARIANTS); an unknown name fails at load and "
+                         "lists the registered ones.")
+    opd: OPDConfig = Field(OPDConfig(), description="Knobs of the multi-turn variants.")
     prompt_source: Literal["problems", "trajectories", "both"] = Field(
         "both", description="Distillation prompts: problem starts, teacher-trajectory prefixes, or both."
     )
-    save_steps: int = Field(2, ge=1)
-    micro_batch_size: int = Field(2, ge=1, description="Prompts per forward/backward pass of the built-in "
+    save_steps: int = Field(2, ge=1, description="Checkpoint every N steps (a rerun resumes from the last).")
+    micro_batch_size: int = Field(2, ge=1, description="Prompts per forward/backward pass of the single-turn "
                                   "trainer (vanilla): the step's batch_size prompts are generated together, then "
-                                  "accumulated in micro-batches (all 8 at once peaked at 7.2 GB on the default "
-                                  "profile). OPD variants (issue C) batch by batch_size.")
-    seed: int = 0
+                                  "accumulated in micro-batches of this size, which bounds peak memory. The "
+                                  "multi-turn variants batch by batch_size.")
+    seed: int = Field(0, description="Seed of the student's warm start and distillation.")
+
+    @field_validator("variant")
+    @classmethod
+    def _registered_variant(cls, v: str) -> str:
+        names = variant_names()
+        if v not in names:
+            raise ValueError(f"unknown distill.variant '{v}'; choose from {names}")
+        return v
 
     @model_validator(mode="after")
     def _micro_divides(self) -> DistillConfig:
@@ -264,9 +305,11 @@ class DistillConfig(Section):
 
 class EvaluateConfig(Section):
     samples_per_problem: int = Field(1, ge=1, description="n for pass@k (k <= n).")
-    pass_k: list[int] = Field(default_factory=lambda: [1])
-    temperature: float = Field(0.0, ge=0)
-    max_new_tokens: int = Field(96, ge=1)
+    pass_k: list[int] = Field(default_factory=lambda: [1], description="The k of each pass@k reported (each "
+                              "<= samples_per_problem).")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).")
+    max_new_tokens: int = Field(48, ge=1, description="Token cap of one assistant turn (also of the RL probe's and "
+                                "the champion's rollouts).")
     batch_size: int = Field(64, ge=1, description="Episodes decoded together (at most; a finished episode's "
                             "place goes to the next one of its shard).")
     max_format_errors: int = Field(
@@ -281,7 +324,7 @@ class EvaluateConfig(Section):
         "auto", description="Greedy evaluation drafts each turn from the parent model's episodes (RL from SFT, the "
         "student from RL, SFT from the previous candidate), verified in one prefill: auto = where that is exact "
         "(fp32 compute), true = in bf16 too (faster; a few episodes may round otherwise, and the parent's "
-        "evaluation is no DVC dependency), false = never. README § Benchmarks.")
+        "evaluation is no DVC dependency), false = never.")
 
     @model_validator(mode="after")
     def _pass_k_fits_samples(self) -> EvaluateConfig:
@@ -295,19 +338,21 @@ class EvaluateConfig(Section):
 
 class PromoteConfig(Section):
     alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the paired test.")
-    registered_model: str = "apprentice-agent"
+    registered_model: str = Field("apprentice-agent", description="MLflow registered-model name the "
+                                  "candidate is registered under.")
     candidate: Literal["sft", "rl", "student"] = Field(
-        "student", description="Which model of the iteration is registered and becomes `challenger`."
+        "rl", description="Which model of the iteration is registered and becomes `challenger`."
     )
 
 
 class LineageConfig(Section):
     tracking_uri: str = Field("sqlite:///mlruns.db", description="MLflow store; sqlite path or http URL.")
-    experiment: str = "apprentice"
+    experiment: str = Field("apprentice", description="MLflow experiment the runs are logged to.")
 
 
 class EvolveConfig(Section):
-    """Environment evolution (issue B): generation g -> g+1 by difficulty-raising operators."""
+    """Environment evolution: generation g -> g+1 by difficulty-raising operators. The evolve stage runs
+    only while something reads its generations (``feed`` > 0: :mod:`apprentice.pipeline`)."""
 
     generations: int = Field(3, ge=1, description="Generations to evolve beyond generation 0.")
     problems: int = Field(60, ge=1, description="Problems in generation 0 (each later one evolves them all).")
@@ -320,8 +365,9 @@ class EvolveConfig(Section):
     reference_samples: int = Field(2, ge=1, description="Reference episodes per evolved problem.")
     feed: int = Field(0, ge=0, description="RL: evolved problems the generation scheduler probes per generation "
                       "and adds to the RL pool (0 = off). It starts at generation 0 and moves on while the "
-                      "policy's pass rate reaches curriculum.advance_threshold.")
-    seed: int = 0
+                      "policy's pass rate reaches curriculum.advance_threshold. Also what puts the evolve "
+                      "stage in the pipeline: with 0 nothing reads its output, so it does not run.")
+    seed: int = Field(0, description="Seed of generation 0 and of the reference episodes.")
 
     @field_validator("families")
     @classmethod
@@ -344,8 +390,8 @@ class CurriculumConfig(Section):
     min_attempts: int = Field(2, ge=1, description="Attempts before a 0 pass rate counts as infeasible.")
     advance_threshold: float = Field(0.6, gt=0, le=1, description="Scheduler: move to the next generation "
                                      "when the student's pass rate on the current one reaches this.")
-    seed: int = 0
-    evolve: EvolveConfig = EvolveConfig()
+    seed: int = Field(0, description="Seed of the samplers' tie-breaks between equally ranked problems.")
+    evolve: EvolveConfig = Field(EvolveConfig(), description="Environment evolution and its feed into RL.")
 
     @field_validator("infeasible_share")
     @classmethod
@@ -356,7 +402,7 @@ class CurriculumConfig(Section):
 
 
 class LoopConfig(Section):
-    """How iteration k > 1 trains SFT (issue L; :mod:`apprentice.training.loop_rules`, docs/experiments.md L)."""
+    """How iteration k > 1 trains SFT (:mod:`apprentice.training.loop_rules`)."""
 
     rule: Literal["continue", "restart", "self", "repair"] = Field(
         "continue", description="continue: from the champion at a lower learning rate with replay; restart: from "
@@ -370,10 +416,10 @@ class LoopConfig(Section):
                               "verifier-passed episodes (at most as many as passed; teacher rows fill the rest).")
     repair_share: float = Field(0.5, ge=0, le=1, description="repair: share of the new data that is repaired episodes.")
     problems: int = Field(64, ge=1, description="self/repair: new problems the champion plays (its rollouts cost "
-                          "about one benchmark evaluation per 40 problems x samples).")
+                          "about as much as evaluating problems x samples episodes).")
     samples: int = Field(2, ge=1, description="self/repair: champion episodes per problem.")
     temperature: float = Field(1.0, ge=0, description="self/repair: the champion's sampling temperature.")
-    seed: int = 0
+    seed: int = Field(0, description="Seed of replay sampling and of the champion's rollouts.")
 
 
 class RayConfig(Section):

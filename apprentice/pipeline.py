@@ -11,6 +11,8 @@ the flow's task list, the CLI's verbs, one task module per stage). Now a stage i
   metrics and plots, one DVC stage per model for a per-model stage;
 * the Prefect tasks (one factory, :func:`tasks.stage_task`, with the stage's retries) and the flow's
   stage order (:data:`STAGES` order: once-stages first, then one iteration's stages);
+* which stages run at all under given params (:attr:`Stage.needed`): a stage whose outputs nothing
+  reads is left out of ``dvc.yaml`` and the flow, and so are the deps on its outputs;
 * what lineage records for a stage (:mod:`tasks._dvc`): result files whose numbers become run
   metrics, string keys that become tags, artifacts, the per-step training curve.
 
@@ -26,9 +28,10 @@ and the tasks all import it cheaply.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from apprentice.paths import DVCLIVE_DIR, Paths
 
@@ -71,6 +74,9 @@ class Where:
     #: The base model folder as a dep: ``models/base`` when prepare-base builds it; empty when
     #: ``model.base`` names a hub id or a folder the user provides (then it is a param only).
     base: tuple[Path, ...] = ()
+    #: The stages the params run (:func:`iteration_stages`): a stage declares a dep on another's
+    #: outputs only when that one runs.
+    stages: tuple[str, ...] = ()
 
     @property
     def prev(self) -> Paths | None:
@@ -123,6 +129,10 @@ class Stage:
     builds_envs: bool = False
     #: False: a CLI verb only, not a pipeline stage (e.g. ``evaluate-all``)
     in_pipeline: bool = True
+    #: None: always in the pipeline. Else, given the merged params mapping: whether anything reads the
+    #: stage's outputs under them; when nothing does, neither ``dvc.yaml`` nor the flow runs it (its CLI
+    #: verb stays)
+    needed: Callable[[Mapping[str, Any]], bool] | None = None
     aliases: tuple[str, ...] = field(default=())
 
     @property
@@ -172,9 +182,17 @@ def _sft(w: Where) -> IO:
               outs=[p.sft_model], metrics=[NoCache(p.sft_start)])
 
 
+def _evolve_read(params: Mapping[str, Any]) -> bool:
+    """Whether anything reads the evolve stage's generations: only RL's generation scheduler, while
+    ``curriculum.evolve.feed`` > 0 (0, the class default, when the params omit it)."""
+    evolve = (params.get("curriculum") or {}).get("evolve") or {}
+    return int(evolve.get("feed") or 0) > 0
+
+
 def _rl(w: Where) -> IO:
+    # the evolved generations only while the evolve stage runs (its scheduler feeds them in)
     p = w.paths
-    return IO(deps=[p.sft_model, p.problems, p.evolve_dir], outs=[p.rl_model])
+    return IO(deps=[p.sft_model, p.problems, *([p.evolve_dir] if "evolve" in w.stages else [])], outs=[p.rl_model])
 
 
 def _distill(w: Where) -> IO:
@@ -232,7 +250,7 @@ STAGES: tuple[Stage, ...] = (
           io=_synth, builds_envs=True),
     Stage("evolve", "apprentice.stages.evolve", params=("curriculum.evolve",),
           code=("apprentice/envs", "apprentice/data/trajectories.py"), io=_evolve, builds_envs=True,
-          results=lambda p: [p.evolve_record]),
+          results=lambda p: [p.evolve_record], needed=_evolve_read),
     Stage("teacher-rollout", "apprentice.stages.rollout", params=("rollout", "pipeline.seed"),
           code=("apprentice/rollout/episodes.py", "apprentice/policies", "apprentice/envs", "apprentice/templates"),
           io=_rollout, retries=ROLLOUT_RETRIES, builds_envs=True, aliases=("rollout",)),
@@ -288,14 +306,32 @@ def verbs() -> dict[str, Stage]:
     return {v: s for s in STAGES for v in (s.name, *s.aliases)}
 
 
-def once_stages() -> list[str]:
-    """Stages run once for all iterations (before iteration 1), in order."""
-    return [s.name for s in STAGES if s.in_pipeline and not s.per_iteration]
+def _params(params: Any) -> Mapping[str, Any] | None:
+    """The merged params mapping from a mapping or a typed config (its ``model_dump``), or None."""
+    if params is None or isinstance(params, Mapping):
+        return params
+    return params.model_dump(by_alias=True)  # an apprentice.config.Config
 
 
-def iteration_stages() -> list[str]:
-    """One iteration's stages, in execution order (the flow's order and dvc.yaml's)."""
-    return [s.name for s in STAGES if s.in_pipeline and s.per_iteration]
+def runs(stage: Stage, params: Any = None) -> bool:
+    """Whether ``stage`` is in the pipeline under ``params`` (a params mapping or a Config; None: every
+    stage the registry declares for the pipeline, whatever the params)."""
+    if not stage.in_pipeline:
+        return False
+    mapping = _params(params)
+    return stage.needed is None or mapping is None or stage.needed(mapping)
+
+
+def once_stages(params: Any = None) -> list[str]:
+    """Stages run once for all iterations (before iteration 1), in order; ``params`` as in :func:`runs`."""
+    return [s.name for s in STAGES if not s.per_iteration and runs(s, params)]
+
+
+def iteration_stages(params: Any = None) -> list[str]:
+    """One iteration's stages, in execution order (the flow's order and dvc.yaml's). With ``params`` (the
+    merged params mapping or a Config) only those the params run (:func:`runs`): the flow and the
+    generator pass them; without, every per-iteration stage the registry declares."""
+    return [s.name for s in STAGES if s.per_iteration and runs(s, params)]
 
 
 def curve_dir(paths: Paths, stage: Stage) -> Path:

@@ -5,8 +5,8 @@ fan-out) are declared once in the stage registry (:mod:`apprentice.pipeline`); t
 renders them in DVC's terms (per-key params, code deps from the import graph, work dirs).
 
 Why a generator and not DVC's own ``foreach``/``matrix`` templating: iteration k depends on
-iteration k-1's outputs (the previous evaluation feeds environment evolution, the previous
-promotion decision names the model SFT starts from). DVC interpolation cannot compute ``k-1`` and
+iteration k-1's outputs (the previous evaluation feeds synthesis, the previous generations feed
+environment evolution, the previous promotion decision names the model SFT starts from). DVC interpolation cannot compute ``k-1`` and
 iteration 1 has different deps from the others, so a ``foreach`` would need hand-kept parallel
 lists in params. A generator keeps ``dvc.yaml`` plain (readable, diffable, ``dvc dag``
 works) and a unit test fails when the committed file drifts from what the params declare.
@@ -23,7 +23,7 @@ DVC pipeline with its own fully merged params file:
 
 * ``default``: the repository root (``dvc.yaml`` + the committed ``params.yaml``);
 * any other profile P: the work dir ``runs/P/`` holding a generated ``params.yaml`` (``params.yaml``
-  merged with ``apprentice/profiles/P.yaml``) and a generated ``dvc.yaml``; its data and models
+  merged with ``apprentice/profiles/<P>.yaml``) and a generated ``dvc.yaml``; its data and models
   live under ``runs/P/data`` and ``runs/P/models``, so profiles never overwrite each other.
 
 Every stage command is the same in every work dir (``python -m apprentice <stage> --params
@@ -139,19 +139,20 @@ def _code(stage: Stage, prefix: str, repo: Path, raw: dict[str, Any] | None = No
 
 def plugin_deps(raw: dict[str, Any], repo: Path = REPO) -> list[str]:
     """The code of the plugin families the params name (``synth.families``, ``benchmark.families``,
-    ``curriculum.evolve.families``; modules from ``envs.modules`` are imported first), for every stage
+    ``curriculum.evolve.families`` while the evolve stage runs; modules from ``envs.modules`` are imported
+    first), for every stage
     that builds environments: each family's package folder (or module file) and, for an installed
     distribution, its ``METADATA`` (which holds the version). Paths inside the repository (a module
     in it, a package in its ``.venv``) are relative to it, others absolute (DVC hashes both). Built-in and adapter
     families add nothing: the project's own code deps cover them. Why here and not only in the
     stages' fingerprints: DVC decides whether a stage runs; without these deps an edited plugin left
-    the rollout "up to date" (issue O)."""
+    the rollout "up to date"."""
     from apprentice.envs import load_modules, source_of
 
     mods = (raw.get("envs") or {}).get("modules") or []
     fams: list[str] = []
-    for section in (raw.get("synth") or {}, raw.get("benchmark") or {},
-                    (raw.get("curriculum") or {}).get("evolve") or {}):
+    evolved = [(raw.get("curriculum") or {}).get("evolve") or {}] if "evolve" in registry.iteration_stages(raw) else []
+    for section in (raw.get("synth") or {}, raw.get("benchmark") or {}, *evolved):
         fams += [str(f) for f in section.get("families") or []]
     out: list[str] = []
     try:
@@ -231,17 +232,18 @@ def pipeline(raw: dict[str, Any], prefix: str = "", repo: Path = REPO) -> dict[s
     base = str(raw.get("model", {}).get("base", DEFAULT_BASE))
     built = (Path(base),) if base in BUILT_BASES else ()
     stages: dict[str, Any] = {}
-    for name in registry.once_stages():
+    running = tuple(registry.iteration_stages(raw))  # the stages these params run (no reader, no stage)
+    for name in registry.once_stages(raw):
         stage = registry.get(name)
-        spec = _spec(stage, Where(Paths(_REL, 1), built), None, raw, prefix, repo)
+        spec = _spec(stage, Where(Paths(_REL, 1), built, running), None, raw, prefix, repo)
         if name == "prepare-base" and built:  # the folder it builds (for another model.base: nothing)
             spec["outs"] = [b.as_posix() for b in built]
         stages[name] = spec
     metrics: list[str] = []
     plots: list[Any] = []
     for k in range(1, n + 1):
-        where = Where(Paths(_REL, k), built)
-        for name in registry.iteration_stages():
+        where = Where(Paths(_REL, k), built, running)
+        for name in running:
             stage = registry.get(name)
             spec = _spec(stage, where, k, raw, prefix, repo)
             if not stage.models:

@@ -10,7 +10,9 @@ Outputs: one DVC output folder ``data/iter_k/evolve/`` and one DVC metrics file 
                                  Fisher p-value of the drop from g-1.
 
 Generation 0 is seeded fresh for iteration 1; for iteration k > 1 it is the last generation of
-iteration k-1 when that exists (environments evolved from k-1's results, ARCHITECTURE.md).
+iteration k-1 when that exists, so the environments keep evolving across iterations.
+In the pipeline only while RL's generation scheduler reads the generations (``curriculum.evolve.feed`` > 0,
+:mod:`apprentice.pipeline`); the CLI verb runs it whatever the params.
 Resumable: a generation file that exists is read, not rebuilt (specs are deterministic anyway), and
 a finished summary whose settings match is returned as is.
 """

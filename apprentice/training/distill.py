@@ -15,10 +15,10 @@ all rows, so :class:`ApprenticeDistillationTrainer` renders per row from the ``t
 tool loop stays off (``max_tool_calling_iterations`` unused, no callables): distillation targets the
 next assistant turn, which needs no environment.
 
-Plug-ins (the multi-turn OPD family: executor switching, other divergences, turn weighting, OPD->RL
-annealing): ``distill.variant`` names either a built-in trainer class in :data:`VARIANTS`
-(``vanilla``) or a recipe in ``apprentice.training.opd.VARIANTS``, built by
-``opd.trainer.make_trainer`` (:func:`make_trainer` dispatches). A variant can also subclass
+Variants (Guided-OPD, DASH-OPD, TCOD, other losses, OPD->RL annealing): ``distill.variant`` names a
+recipe in the one registry, ``apprentice.training.opd.VARIANTS``; the recipe says which trainer runs it
+(:func:`make_trainer` dispatches): ``single_turn`` (``vanilla``) is :class:`ApprenticeDistillationTrainer`
+below, ``multi_turn`` is built by ``opd.trainer.make_trainer``. A variant can also subclass
 :class:`ApprenticeDistillationTrainer`; its hooks:
   * ``rollout(prompts, rows)``: who generates what (mixed teacher/student executors, multi-turn
     episodes through ``rows[i]["spec"]`` and ``apprentice.envs``); must return what TRL's
@@ -32,10 +32,10 @@ annealing): ``distill.variant`` names either a built-in trainer class in :data:`
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 from trl import DistillationTrainer
@@ -43,6 +43,7 @@ from trl import DistillationTrainer
 from apprentice.config import DistillConfig
 from apprentice.lm.modeling import autocast
 from apprentice.training import common, loggers
+from apprentice.training.opd.variants import VARIANTS
 from apprentice.training.sampling import EngineSampling
 
 DIVERGENCE_BETA = {"forward_kl": 0.0, "reverse_kl": 1.0}
@@ -113,37 +114,26 @@ class ApprenticeDistillationTrainer(EngineSampling, DistillationTrainer):
         return prompt_ids, None, {}
 
 
-#: Built-in variants (name -> trainer class). ``vanilla`` = TRL's single-turn on-policy distillation.
-VARIANTS: dict[str, type[ApprenticeDistillationTrainer]] = {"vanilla": ApprenticeDistillationTrainer}
-
-
-def _opd_module() -> Any:
-    """``apprentice.training.opd`` when present: it exports ``VARIANTS`` (name -> recipe
-    builder), ``recipe_for(cfg)`` and ``trainer.make_trainer(recipe, ...)`` for multi-turn OPD."""
-    try:
-        return importlib.import_module("apprentice.training.opd")
-    except ModuleNotFoundError as e:
-        if e.name != "apprentice.training.opd":
-            raise
-        return None
-
-
 def variant_names() -> list[str]:
-    opd = _opd_module()
-    return sorted(set(VARIANTS) | set(getattr(opd, "VARIANTS", {}) if opd else ()))
+    """Every selectable ``distill.variant`` (the registry's names, in its order)."""
+    return list(VARIANTS)
 
 
 def make_trainer(distill: DistillConfig, *, student: Any, teacher: Any, tokenizer: Any, dataset: Any,
                  output_dir: Path, dtype: str, callbacks: Sequence[Any], apprentice_cfg: Any = None) -> Any:
-    """The trainer for ``distill.variant``: a built-in one, else the OPD family's.
+    """The trainer for ``distill.variant``, as its recipe in ``apprentice.training.opd.VARIANTS`` says.
 
-    Built-in names win, so ``vanilla`` stays TRL's plain trainer; every other name in
-    ``apprentice.training.opd.VARIANTS`` is built by ``opd.trainer.make_trainer`` on the problems of
-    ``dataset`` (its ``spec`` column), with the same device settings and callbacks.
+    ``single_turn`` (``vanilla``): :class:`ApprenticeDistillationTrainer`, TRL's plain trainer;
+    ``multi_turn`` (every other name): ``opd.trainer.make_trainer`` on the problems of ``dataset`` (its
+    ``spec`` column), with the same device settings and callbacks.
     """
     from trl import DistillationConfig
 
-    if distill.variant in VARIANTS:
+    if distill.variant not in VARIANTS:
+        raise ValueError(f"unknown distill.variant '{distill.variant}'; choose from {variant_names()}")
+    # the builders read only cfg.distill: without the whole config, the distill section stands in
+    recipe = VARIANTS[distill.variant](apprentice_cfg if apprentice_cfg is not None else SimpleNamespace(distill=distill))
+    if recipe.trainer == "single_turn":
         # one generation of batch_size prompts per step (TRL buffers it), the loss in micro-batches: the student's
         # activations over the padded prompts are the phase's peak memory, not the generation
         micro = min(distill.micro_batch_size, distill.batch_size)
@@ -154,20 +144,16 @@ def make_trainer(distill: DistillConfig, *, student: Any, teacher: Any, tokenize
             max_completion_length=distill.max_completion_length, beta=divergence_beta(distill),
             remove_unused_columns=False,
         )
-        return VARIANTS[distill.variant](
+        return ApprenticeDistillationTrainer(
             model=student, teacher_model=teacher, args=args, train_dataset=dataset, processing_class=tokenizer,
             callbacks=list(callbacks), apprentice_cfg=apprentice_cfg, rollout_dtype="bf16" if args.bf16 else "fp32",
         )
-    opd = _opd_module()
-    if opd is None or distill.variant not in getattr(opd, "VARIANTS", {}):
-        raise ValueError(f"unknown distill.variant '{distill.variant}'; choose from {variant_names()}")
     if apprentice_cfg is None:
         raise ValueError(f"distill.variant '{distill.variant}' needs the whole config (apprentice_cfg=...)")
     from apprentice.envs.base import ProblemSpec
     from apprentice.training.opd.trainer import make_trainer as make_opd_trainer
 
     specs = [ProblemSpec.from_json(s) for s in dict.fromkeys(dataset["spec"])]
-    recipe = opd.recipe_for(apprentice_cfg)
     return make_opd_trainer(
         recipe, student=student, specs=specs, tokenizer=tokenizer,
         # privileged self-distillation: the teacher is the student itself plus privileged context

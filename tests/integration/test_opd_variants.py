@@ -76,7 +76,7 @@ def models(tiny_model_dir, smol_tokenizer_dir, tmp_path_factory):
     return tok, tiny_model_dir, str(teacher_dir)
 
 
-@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"opd"}))  # opd = vanilla alias
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"vanilla"}))  # vanilla: single-turn, not this trainer
 def test_variant_trains_and_logs_diagnostics(variant, models, tmp_path):
     from apprentice.lm.modeling import load_model
     from apprentice.training.opd.trainer import make_trainer
@@ -115,7 +115,7 @@ def test_variant_trains_and_logs_diagnostics(variant, models, tmp_path):
     assert any(k.startswith("opd/kl_turn_") for r in rows for k in r)
     if variant == "guided":  # p0 = 1 at step 0: the teacher wrote every turn of the first rollout
         assert rows[0]["opd/teacher_share"] == 1.0
-    elif variant in ("vanilla", "tcod", "privileged", "atod", "grpo"):
+    elif variant in ("opd", "tcod", "privileged", "atod", "grpo"):
         assert all(r["opd/teacher_share"] == 0.0 for r in rows)
     if variant == "tcod":
         assert rows[0]["opd/horizon"] == 1 and rows[0]["opd/traj_turns"] == 1

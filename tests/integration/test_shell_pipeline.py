@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,  # a Docker sandbox per
 def _cfg(base: str) -> Config:
     return Config.model_validate({
         "model": {"base": base},
-        "synth": {"families": ["shell"], "n_train": 4, "levels": [0, 1], "seed": 5}, "benchmark": {"n": 2},
+        "synth": {"families": ["shell"], "n_train": 4, "levels": [0, 1], "seed": 5}, "benchmark": {"n": 2, "levels": []},
         "evaluate": {"max_new_tokens": 48, "batch_size": 2, "samples_per_problem": 1},
     })
 

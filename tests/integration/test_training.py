@@ -47,7 +47,8 @@ def test_sft_logs_trains_resumes_from_checkpoint_and_skips_when_done(tmp_path, t
 
     paths = Paths(tmp_path)
     write_data(paths)
-    cfg = config(tiny_model_dir, sft={"max_steps": 3, "batch_size": 2, "max_length": 128, "save_steps": 1})
+    cfg = config(tiny_model_dir, sft={"max_steps": 3, "batch_size": 2, "grad_accum": 1, "learning_rate": 1e-4,
+                                      "max_length": 128, "save_steps": 1})
 
     with pytest.raises(RuntimeError, match="simulated crash"):  # checkpoint-1 is written, step 2 dies
         sft.run(cfg, paths, callbacks=[_CrashAt(2)])
@@ -94,7 +95,8 @@ def test_sft_deepspeed_zero2_runs_on_cpu_through_the_cli(tmp_path, tiny_model_di
     write_data(paths, n=2)
     params = tmp_path / "params.yaml"
     params.write_text(json.dumps({"model": {"base": tiny_model_dir, "dtype": "fp32"},
-                                  "sft": {"max_steps": 1, "batch_size": 2, "max_length": 128, "deepspeed": "zero2"}}))
+                                  "sft": {"max_steps": 1, "batch_size": 2, "grad_accum": 1, "max_length": 128,
+                                          "deepspeed": "zero2"}}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     # the echo family must exist in the child too: register it through a tiny wrapper module
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_training as t; from apprentice.envs import FAMILIES; "
@@ -152,9 +154,9 @@ def test_distill_builds_pruned_student_warm_starts_and_distills(tmp_path, smol_t
     paths = Paths(tmp_path)
     write_data(paths, n=2)
     make_tiny_model(load_tokenizer(smol_tokenizer_dir), paths.sft_model, hidden=64, layers=4, seed=1)
-    cfg = config(str(paths.sft_model), sft={"batch_size": 2, "max_length": 128},
+    cfg = config(str(paths.sft_model), sft={"batch_size": 2, "grad_accum": 1, "max_length": 128},
                   distill={"max_steps": 1, "batch_size": 2, "max_completion_length": 8, "divergence": "reverse_kl",
-                           "student": {"keep_every": 3, "warmup_steps": 1, "warmup_lr": 1e-3}})
+                           "student": {"keep_every": 3, "prune": "every", "warmup_steps": 1, "warmup_lr": 1e-3}})
     result = distill.run(cfg, paths)
     assert result["teacher"] == str(paths.sft_model)  # no RL model in this iteration: SFT model teaches
     assert result["beta"] == 1.0 and result["steps"] == 1 and result["sampler"] == "engine"  # the student samples through the engine

@@ -25,7 +25,7 @@ def test_iterations_chain_and_per_key_params():
     raw = load_raw(REPO / "params.yaml")
     raw["pipeline"]["iterations"] = 2
     stages = expand(dvcgen.pipeline(raw, repo=REPO)["stages"])
-    assert [s for s in stages if "-2" in s] == [n for s in pipeline.iteration_stages() for n in dvcgen.dvc_stages(s, 2)
+    assert [s for s in stages if "-2" in s] == [n for s in pipeline.iteration_stages(raw) for n in dvcgen.dvc_stages(s, 2)
                                                 if "-2" in n]
     # one benchmark and one base evaluation for all iterations; every iteration reads the same benchmark
     assert [s for s in stages if not re.search(r"-\d+(@|$)", s)] == ["prepare-base", "benchmark", "evaluate-base"]
@@ -42,6 +42,10 @@ def test_iterations_chain_and_per_key_params():
     assert "rl.learning_rate" in stages["rl-1"]["params"]
     assert not any(p.startswith("rl.") for s in ("synth-1", "sft-1", "validate-1") for p in stages[s].get("params", []))
     assert "apprentice/stages/rl.py" in stages["rl-1"]["deps"]
+    # evolution runs only while RL's generation scheduler reads it (curriculum.evolve.feed > 0): not by default
+    assert not [s for s in stages if s.startswith("evolve")] and "data/iter_1/evolve" not in stages["rl-1"]["deps"]
+    raw["curriculum"]["evolve"]["feed"] = 2
+    stages = expand(dvcgen.pipeline(raw, repo=REPO)["stages"])
     # evolution: its own params, generation 0 of iteration 2 from iteration 1's generations
     assert "curriculum.evolve.generations" in stages["evolve-1"]["params"]
     # RL reads only the scheduler's feed size of evolution's params, and the generations themselves

@@ -18,7 +18,7 @@ from apprentice.stages import benchmark, synth
 
 def _cfg(n_eval: int = 6, **synth_over) -> Config:
     s = {"families": ["grid", "search"], "n_train": 12, "levels": [0, 2], "seed": 3}
-    return Config.model_validate({"synth": {**s, **synth_over}, "benchmark": {"n": n_eval}})
+    return Config.model_validate({"synth": {**s, **synth_over}, "benchmark": {"n": n_eval, "levels": []}})
 
 
 def _run(cfg: Config, paths: Paths) -> dict:
@@ -150,7 +150,7 @@ def test_sampler_selects_training_problems_by_predicted_pass_rate(tmp_path, p_st
     p_star holds, so the target pass rate moves the level mix; the held-out split is untouched."""
     _previous_episodes(tmp_path, {0: 0.85, 1: 0.5, 2: 0.15})
     over = {"levels": [0, 1, 2], "n_train": 12, "sampler": "pass_band", "oversample": 3.0}
-    cfg = Config.model_validate({"synth": {**_cfg().synth.model_dump(), **over}, "benchmark": {"n": 60},
+    cfg = Config.model_validate({"synth": {**_cfg().synth.model_dump(), **over}, "benchmark": {"n": 60, "levels": []},
                                  "curriculum": {"p_star": p_star, "band": 0.2}})
     p2 = Paths(tmp_path, 2)
     summary = synth.run(cfg, p2)

@@ -1,17 +1,28 @@
-"""The OPD variants selectable as ``distill.variant``: each maps the typed params to a :class:`Recipe`.
+"""Every distillation variant selectable as ``distill.variant``: each maps the typed params to a :class:`Recipe`.
 
-A recipe is the whole difference between variants (who acts, the horizon, how the loss is weighted and
-mixed with RL, what the teacher sees); the trainer (:mod:`apprentice.training.opd.trainer`) is shared.
-``VARIANTS`` is the registry the distill stage looks names up in; add a variant by adding a builder.
+:data:`VARIANTS` is the one registry of them: the config accepts exactly its names
+(:func:`apprentice.config.variant_names`), and the distill stage's trainer dispatch
+(:func:`apprentice.training.distill.make_trainer`) builds the trainer its recipe names. Each name maps
+to one builder and so to one trainer:
+
+* ``single_turn`` (``vanilla``): TRL's on-policy ``DistillationTrainer`` as is, the student writing one
+  next assistant turn per prompt (:class:`apprentice.training.distill.ApprenticeDistillationTrainer`);
+  it reads none of the recipe's other fields;
+* ``multi_turn`` (every other name): the mixed-rollout trainer (:mod:`apprentice.training.opd.trainer`)
+  over whole episodes, shared by the variants; a recipe is the whole difference between them (who acts,
+  the horizon, how the loss is weighted and mixed with RL, what the teacher sees).
+
+Add a variant by adding a builder and its entry in :data:`VARIANTS`. This module imports no torch at
+load (the config reads the registry's names when it validates): the loss-side types are imported
+where a recipe is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from apprentice.training.opd.annealing import OPD_ONLY, RL_ONLY, ObjectiveMixer
 from apprentice.training.opd.executors import (
     DASHExecutor,
     Executor,
@@ -21,16 +32,29 @@ from apprentice.training.opd.executors import (
 )
 from apprentice.training.opd.privileged import Kind
 from apprentice.training.opd.schedules import DecaySchedule, DepthSchedule
-from apprentice.training.opd.weighting import Mode
+
+if TYPE_CHECKING:
+    from apprentice.training.opd.annealing import ObjectiveMixer
+    from apprentice.training.opd.weighting import Mode
+
+#: Which trainer runs a variant (see the module docstring).
+Trainer = Literal["single_turn", "multi_turn"]
+
+
+def _opd_only() -> ObjectiveMixer:
+    from apprentice.training.opd.annealing import OPD_ONLY
+
+    return OPD_ONLY
 
 
 @dataclass
 class Recipe:
-    """Everything that distinguishes one OPD variant from another."""
+    """Everything that distinguishes one distillation variant from another."""
 
     name: str
+    trainer: Trainer = "multi_turn"
     executor: Executor = field(default_factory=VanillaExecutor)
-    mixer: ObjectiveMixer = OPD_ONLY
+    mixer: ObjectiveMixer = field(default_factory=_opd_only)
     weighting: Mode = "token"
     sod_alpha: float = 0.0
     privileged: Kind = "none"  # != none: teacher = frozen copy of the student + privileged context
@@ -40,7 +64,7 @@ class Recipe:
     temperature: float | None = None  # rollout sampling temperature (None: the trainer's default)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "executor": repr(self.executor), "mixer": repr(self.mixer),
+        return {"name": self.name, "trainer": self.trainer, "executor": repr(self.executor), "mixer": repr(self.mixer),
                 "weighting": self.weighting, "sod_alpha": self.sod_alpha, "privileged": self.privileged,
                 "samples_per_problem": self.samples_per_problem, "train_teacher_turns": self.train_teacher_turns}
 
@@ -56,8 +80,15 @@ def _base(cfg: Any, name: str, **kw: Any) -> Recipe:
                   train_teacher_turns=o.train_teacher_turns, temperature=o.temperature, **kw)
 
 
-def vanilla(cfg: Any) -> Recipe:
-    return _base(cfg, "vanilla")
+def single_turn(cfg: Any) -> Recipe:
+    """TRL's single-turn on-policy distillation (the pipeline's default): the student samples one next
+    turn per prompt and is trained on the divergence from the teacher on it."""
+    return Recipe(name="vanilla", trainer="single_turn")
+
+
+def opd(cfg: Any) -> Recipe:
+    """Multi-turn vanilla OPD: the student acts every turn of a whole episode, tools executed."""
+    return _base(cfg, "opd")
 
 
 def guided(cfg: Any) -> Recipe:
@@ -81,6 +112,8 @@ def tcod(cfg: Any) -> Recipe:
 
 
 def atod(cfg: Any) -> Recipe:
+    from apprentice.training.opd.annealing import ObjectiveMixer
+
     o = cfg.distill.opd
     mixer = ObjectiveMixer(_steps(o.anneal_steps, cfg), opd_start=1.0, opd_end=o.anneal_opd_end,
                            rl_start=0.0, rl_end=o.anneal_rl_end, kind=o.anneal_kind)
@@ -89,6 +122,8 @@ def atod(cfg: Any) -> Recipe:
 
 def grpo(cfg: Any) -> Recipe:
     """Baseline for claim (a): the same rollouts and machinery with the RL term only (no teacher signal)."""
+    from apprentice.training.opd.annealing import RL_ONLY
+
     return _base(cfg, "grpo", mixer=RL_ONLY, samples_per_problem=max(cfg.distill.opd.samples_per_problem, 2))
 
 
@@ -97,11 +132,11 @@ def privileged(cfg: Any) -> Recipe:
     return _base(cfg, "privileged", privileged=o.privileged_context, self_teacher_sync_steps=o.privileged_sync_steps)
 
 
-#: ``opd`` is multi-turn vanilla OPD under the name the distill stage can select (its own built-in
-#: ``vanilla`` is TRL's single-turn trainer and wins on that name); ``vanilla`` is kept for direct use.
+#: ``opd`` is multi-turn vanilla OPD, on which the other multi-turn variants build; ``vanilla`` is TRL's
+#: single-turn trainer (the default). The one registry of ``distill.variant`` names: name -> recipe builder.
 VARIANTS: dict[str, Callable[[Any], Recipe]] = {
-    "opd": vanilla,
-    "vanilla": vanilla,
+    "vanilla": single_turn,
+    "opd": opd,
     "guided": guided,
     "dash": dash,
     "tcod": tcod,
