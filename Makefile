@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml requirements.lock
 models/base/config.json: | $(STAMP)
 	$(BIN)/python -m apprentice prepare-base
 
-run: $(STAMP)   ## one self-improvement iteration of $(PROFILE) through Prefect -> DVC -> MLflow
+run: $(STAMP)   ## the self-improvement loop of $(PROFILE) (default: 2 iterations) through Prefect -> DVC -> MLflow
 	$(BIN)/python -m flows.self_improve --profile $(PROFILE)
 
 # `make test` leaves out the slow suites; APPRENTICE_RUN_SLOW=1 (.ci/run) runs them in the same session, on the

@@ -128,7 +128,7 @@ def record_resources(root: Path, stage: str, iteration: int, policy: str | None,
     ``torch_threads`` (stages that loaded torch): the intra-op thread count the stage computed with.
     It is part of what makes a run reproducible: the thread count changes the order of floating-point
     reductions, so greedy evaluation of the same model with 1 and 2 threads does not give identical
-    transcripts for every problem (README, "Orchestration, reproduction, lineage")."""
+    transcripts for every problem (docs/operations.md, "Same dtype, same thread count")."""
     import resource
 
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # KiB on Linux

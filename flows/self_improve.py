@@ -1,8 +1,10 @@
-"""The self-improvement loop: ``python -m flows.self_improve --profile default|quick``.
+"""The self-improvement loop: ``python -m flows.self_improve --profile default|quick|long``.
 
 For each iteration declared in the params (``pipeline.iterations``): one MLflow parent run, then one
-Prefect task per stage, in the stage registry's order (:mod:`apprentice.pipeline`): synth, evolve,
-teacher-rollout, validate (the data gate), sft, rl, distill, evaluate, promote, report. Each task runs
+Prefect task per stage, in the stage registry's order (:mod:`apprentice.pipeline`): before iteration 1
+prepare-base and benchmark; then synth, evolve (only when a consumer reads its output), teacher-rollout,
+validate (the data gate), loop-data, sft, rl, distill, evaluate (one task per model), promote, report.
+Each task runs
 its DVC stage (``dvc repro --single-item``) inside a nested MLflow run, so:
 
 * **resumable**: after an interruption, rerunning the flow skips every stage whose outputs are
@@ -24,6 +26,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,10 +50,12 @@ from tasks._dvc import StageContext, stage_env  # noqa: E402
 from tasks.stages import stage_task  # noqa: E402
 
 
-def stage_order(iteration: int) -> list[str]:
+def stage_order(iteration: int, params: Any = None) -> list[str]:
     """The stages the flow runs in iteration ``iteration``, in order (the registry's order; the
-    once-stages, such as the base model and the fixed benchmark, before iteration 1 only)."""
-    return (pipeline.once_stages() if iteration == 1 else []) + pipeline.iteration_stages()
+    once-stages, such as the base model and the fixed benchmark, before iteration 1 only). With
+    ``params`` only the stages those params run, exactly as ``dvc.yaml`` declares them (``evolve`` runs
+    only when a consumer reads its output)."""
+    return (pipeline.once_stages(params) if iteration == 1 else []) + pipeline.iteration_stages(params)
 
 
 @flow(name="self-improve", log_prints=True)
@@ -73,7 +78,7 @@ def _run(profile: str, root: Path) -> dict:
             ctx = StageContext(str(root), str(wd), profile, k, parent)
             once = StageContext(str(root), str(wd), profile, None, parent)  # once for all iterations
             stages = []
-            for s in stage_order(k):
+            for s in stage_order(k, cfg):
                 stage = pipeline.get(s)
                 if stage.models and cfg.rollout.engine == "ray" and cfg.ray.parallel_evaluations:
                     # the per-model evaluations run concurrently on Ray (tasks/parallel.py); the task below
@@ -117,7 +122,7 @@ def resource_table(wd: Path, flow_run: str, total_s: float) -> str:
     out.append(f"whole flow (with DVC, Prefect, MLflow overhead): {total_s / 60:.1f} min; "
                f"peak RSS of any stage: {max((r['peak_rss_gb'] for r in rows), default=0):.2f} GB")
     threads = sorted({r["torch_threads"] for r in rows if "torch_threads" in r})
-    if threads:  # a reproduction gets the same outputs at the same dtype *and* thread count (README)
+    if threads:  # a reproduction gets the same outputs at the same dtype *and* thread count (docs/operations.md)
         out.append(f"torch threads per stage: {', '.join(map(str, threads))} (another machine reproduces these "
                    "outputs at the same dtype and thread count: set model.threads)")
     return "\n".join(out)

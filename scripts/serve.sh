@@ -23,7 +23,7 @@ curl -fs "$PREFECT_API_URL/health" >/dev/null || { echo "prefect server did not 
 echo "Prefect UI: http://127.0.0.1:${PORT}   (runs: /runs, this deployment: /deployments, worker: /work-pools)"
 
 "$BIN/prefect" work-pool inspect "$POOL" >/dev/null 2>&1 || "$BIN/prefect" work-pool create "$POOL" --type process
-"$BIN/prefect" --no-prompt deploy --name nightly   # docker-quick needs the image: see README "Docker"
+"$BIN/prefect" --no-prompt deploy --name nightly   # docker-quick needs the image: see docs/scaling-out.md, "Docker"
 echo "deployment apprentice/nightly registered (cron 0 2 * * * UTC); run it now with:"
 echo "  PREFECT_API_URL=$PREFECT_API_URL $BIN/prefect deployment run self-improve/nightly"
 echo "inspect a run: Prefect UI -> Runs -> the run (task per stage, logs, timeline); its lineage:"

@@ -3,7 +3,7 @@
 #   * MLflow tracking server over HTTP: sqlite backend (or MLFLOW_BACKEND=postgresql://...), proxied artifact root
 #   * Prefect server (+ the scheduled deployment and a process worker, as `make serve`)
 #   * a DVC remote: a directory here (DVC_REMOTE=/srv/dvc-remote), or s3://bucket/path for an S3-compatible store
-# Other machines join with the three URLs this prints (README "Scaling out"). Ctrl-C stops everything.
+# Other machines join with the three URLs this prints (docs/operations.md, "Shared stores"). Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${VENV:-.venv}/bin"

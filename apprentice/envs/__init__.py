@@ -11,7 +11,7 @@ A family gets into ``FAMILIES`` in one of four ways, none of which needs an edit
 * installed packages declaring an entry point in the group ``apprentice.envs`` (``name = "pkg.mod:Class"``
   or ``"pkg.mod"``), loaded the first time an unknown family is asked for (:func:`resolve`).
 
-What a family must provide is in :mod:`apprentice.envs.base` (the protocol) and the README section
+What a family must provide is in :mod:`apprentice.envs.base` (the protocol) and docs/environments.md,
 "Adding an environment"; ``python -m apprentice check-env FAMILY`` checks it.
 """
 
@@ -216,7 +216,7 @@ def resolve(family: str) -> type[Environment]:
     raise UnknownFamily(f"unknown environment family '{family}'; known: {sorted(FAMILIES)} (plus "
                      "rg_<reasoning-gym dataset>, toytext_frozenlake, toytext_taxi). A family of your own: list "
                      f"its module in params.yaml envs.modules, or declare an '{ENTRY_POINT_GROUP}' entry point "
-                     "in its package (README: Adding an environment)")
+                     "in its package (docs/environments.md: Adding an environment)")
 
 
 def env_for(spec: ProblemSpec) -> Environment:

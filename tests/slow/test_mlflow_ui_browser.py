@@ -2,7 +2,7 @@
 Chromium on the UI of the ``mlflow server`` that run logged to over HTTP: parent runs with nested stage runs, datasets
 logged as inputs, the registered model with versions and the champion/challenger aliases, and a
 version's link back to the run that registered it. Screenshots: ``$APPRENTICE_SCREENSHOTS``
-(``docs/figures/mlflow_*.png`` in the README come from here)."""
+(``docs/figures/mlflow_*.png`` in docs/operations.md come from here)."""
 
 from __future__ import annotations
 

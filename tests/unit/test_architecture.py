@@ -147,8 +147,8 @@ def test_episode_stages_build_policies_through_the_policies_package_not_another_
 
 
 def test_no_stage_takes_policy_construction_from_another_stage():
-    """loop_data took ``build_policy`` from stages/rollout.py after evaluate stopped (issue M item 6):
-    every stage gets policies from :mod:`apprentice.policies.factory`, never through another stage."""
+    """Every stage gets policies from :mod:`apprentice.policies.factory`, never through another stage:
+    a stage importing another stage ties the two stages' code (and their DVC code deps) together."""
     offenders = []
     for p in sorted((ROOT / "apprentice" / "stages").glob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):

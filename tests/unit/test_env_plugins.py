@@ -1,4 +1,4 @@
-"""Environments anyone can add. The README's example family, registered without editing
+"""Environments anyone can add. The example family of docs/environments.md, registered without editing
 the package (params key in a subprocess, entry point in-process), passes check-env; the shipped
 adapters work in synth.families; every tool schema is what a strict OpenAI-compatible server accepts."""
 
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _readme_example() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "environments.md").read_text()
     section = text.split("## Adding an environment", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 

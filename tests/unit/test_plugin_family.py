@@ -19,14 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _readme_example() -> str:
-    section = (REPO / "README.md").read_text().split("## Adding an environment", 1)[1]
+    section = (REPO / "docs" / "environments.md").read_text().split("## Adding an environment", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match
     return match.group(1).replace('family = "counter"', 'family = "tally"')
 
 
 def _install(tmp: Path, version: str) -> Path:
-    """Build and install package ``tally_envs`` (the README family, renamed) into ``tmp/site``."""
+    """Build and install package ``tally_envs`` (the docs/environments.md family, renamed) into ``tmp/site``."""
     src = tmp / f"src-{version}"
     (src / "tally_envs").mkdir(parents=True)
     (src / "tally_envs" / "__init__.py").write_text("")
@@ -122,7 +122,7 @@ def test_plugin_version_and_source_are_in_fingerprints_and_dvc_deps(plugin, tmp_
 
 
 def test_check_env_fails_a_family_whose_levels_get_easier(monkeypatch):
-    """The README family with its axes turned the wrong way (a larger step and more spare turns at a
+    """The docs/environments.md family with its axes turned the wrong way (a larger step and more spare turns at a
     higher level, an easy slip when writing one) breaks the level contract, and check-env says so."""
     from apprentice.envs.check import check_family
 
