@@ -50,7 +50,7 @@ def test_every_dvc_stage_lists_every_project_module_it_imports():
     # modules easy to miss in a hand-kept deps list, pinned by name
     need = {"sft-1": "apprentice/data/trajectories.py", "evaluate-1@sft": "apprentice/lm/modeling.py",
             "rl-1": "apprentice/policies/hf_cached.py", "distill-1": "apprentice/policies/hf.py",
-            "promote-1": "apprentice/gate/"}
+            "promote-1": "apprentice/gate"}
     for name, f in need.items():
         assert _covered(f, stages[name]["deps"]), (name, f)
     assert _covered("apprentice/rollout/episodes.py", stages["distill-1"]["deps"])
