@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the measurement logs: dated entries that name their commit
-LOGS = {"docs/performance.md", "docs/experiments.md"}
+#: the measurement logs (dated entries that name their commit), and the README, whose results table says
+#: which commit, date, machine and dtype produced it
+LOGS = {"docs/performance.md", "docs/experiments.md", "README.md"}
 ISSUE_LETTER = re.compile(r"\b[Ii]ssues? [A-Z]\b(?!-)|§ ?[A-Z]\.\d|\([A-Z],? item \d|\bitem \d+ of [A-Z]\b|\b[A-Z]'s (budget|target)s?\b")
 COMMIT = re.compile(r"(?<![\w./:@#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}(?![\w-])")
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
