@@ -46,7 +46,7 @@ test-unit: $(STAMP)
 # (isa_cap 1, rollout 2, generation_engines 3, train_throughput 5, dtype 6, scale_rollout 2, serve_compare 3,
 # sandbox 2). scale_rollout, serve_compare and sandbox print one line and skip without Ray, `transformers[serving]`
 # or a Docker engine. Full sizes: run a script without the flags below (its --help says what they change).
-bench: $(STAMP) models/base/config.json   ## benchmark ratios measured side by side (~25 min on 2 cores)
+bench: $(STAMP) models/base/config.json   ## benchmark ratios measured side by side, each script at a short setting (time: docs/performance.md)
 	$(BIN)/python bench/isa_cap.py
 	$(BIN)/python bench/rollout.py --quick
 	$(BIN)/python bench/generation_engines.py --quick
