@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("stage", choices=sorted([*verbs(), "check-env"]),
                    help="stage to run (or check-env FAMILY: check an environment family against the protocol)")
     p.add_argument("family", nargs="?", default=None, help="(check-env) the environment family to check")
-    p.add_argument("--levels", default="0,1,2", help="(check-env) levels to check, comma-separated")
+    p.add_argument("--levels", default="", help="(check-env) levels to check, comma-separated "
+                   "(default: levels 0-7, or 0 to the family's top level when it has fewer)")
     p.add_argument("--seeds", type=int, default=3, help="(check-env) seeds per level")
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--profile", default=None, help="profile to merge over the params (e.g. quick)")
@@ -95,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         from apprentice.envs.check import check_family
 
         levels = [int(x) for x in args.levels.split(",") if x.strip()]
+        if not levels:  # the levels the frontier controller plans in a run of a few iterations
+            from apprentice.envs import resolve
+
+            try:
+                levels = list(range(min(resolve(args.family).top_level(), 7) + 1))
+            except (KeyError, ValueError) as e:  # an unknown family: check_family names it and the fix
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         return 1 if check_family(args.family, levels, args.seeds) else 0
     paths = Paths(Path(args.root).resolve(), args.iteration)
     from apprentice.pipeline import get

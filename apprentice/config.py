@@ -84,7 +84,8 @@ class SynthConfig(Section):
                                 "trained on (registered names: built-in, rg_*/toytext_* adapters, plugins).")
     n_train: int = Field(200, ge=1, description="Training problems per iteration (all families).")
     levels: list[int] = Field(
-        default_factory=lambda: [0, 1, 2], description="Difficulty levels sampled uniformly."
+        default_factory=lambda: [0, 1, 2], description="Difficulty levels sampled uniformly (iteration 1, and "
+        "every iteration under frontier.mode: fixed)."
     )
     seed: int = Field(1, description="Seed of problem synthesis (combined with pipeline.seed and the iteration).")
     sampler: Literal["none", "pass_band", "dtac", "hdc", "aes"] = Field(
@@ -108,8 +109,9 @@ class BenchmarkConfig(Section):
     n: int = Field(160, ge=1, description="Benchmark problems (all families, all levels, round-robin).")
     seed: int = Field(1000, description="Its own seed: the benchmark does not move with pipeline.seed or synth.seed.")
     families: list[str] = Field(default_factory=list, description="Families (empty = synth.families).")
-    levels: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4],
-                              description="Levels (empty = synth.levels).")
+    levels: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 5, 6, 7],
+                              description="Levels (empty = synth.levels); to the families' top level, so "
+                              "that the benchmark spans every level the frontier controller can reach.")
 
     @field_validator("families")
     @classmethod
@@ -192,9 +194,9 @@ class RLConfig(Section):
     max_steps: int = Field(3, ge=0, description="GRPO optimizer steps (0 = RL copies the SFT model).")
     prompts_per_step: int = Field(3, ge=1, description="Problems per step, each one GRPO group.")
     num_generations: int = Field(4, ge=2, description="Episodes per problem (the GRPO group size).")
-    max_completion_length: int = Field(256, ge=16, description="Token cap of one episode's completion "
+    max_completion_length: int = Field(448, ge=16, description="Token cap of one episode's completion "
                                        "(all assistant turns and tool responses).")
-    max_tool_calls: int = Field(4, ge=1, description="Tool calls per episode before it is cut off.")
+    max_tool_calls: int = Field(6, ge=1, description="Tool calls per episode before it is cut off.")
     learning_rate: float = Field(5e-6, gt=0, description="Peak learning rate (AdamW).")
     beta: float = Field(0.0, ge=0, description="GRPO's KL penalty towards the SFT model (0 = none).")
     curriculum: Literal["difficulty", "random", "sampler"] = Field(
@@ -202,6 +204,8 @@ class RLConfig(Section):
         "sampler (the order curriculum.sampler picks).")
     probe_samples: int = Field(4, ge=0, description="Pass-rate probe per problem (0 = no filter).")
     probe_problems: int = Field(12, ge=1, description="Training problems the probe measures (spread easy to hard).")
+    refill_rounds: int = Field(2, ge=0, description="Dynamic sampling: rounds a step may replace its groups whose "
+                               "rewards are all equal with fresh problems (0 = off, TRL's plain step).")
     save_steps: int = Field(2, ge=1, description="Checkpoint every N steps (a rerun resumes from the last).")
     micro_batch_size: int = Field(2, ge=1, description="Episodes per forward/backward pass: the step's "
                                   "prompts_per_step x num_generations episodes are accumulated in micro-batches "
@@ -401,6 +405,34 @@ class CurriculumConfig(Section):
         return v
 
 
+class FrontierConfig(Section):
+    """The frontier controller (:mod:`apprentice.curriculum.frontier`): after each promotion the champion is
+    probed on fresh dev problems per family x level, and the next iteration's synthesis mix follows its
+    pass rates; fixed = every iteration synthesizes synth.levels (the controller off)."""
+
+    mode: Literal["frontier", "fixed"] = Field(
+        "frontier", description="frontier: iteration k > 1 trains where the champion's probed pass rate is near "
+        "target (iteration 1 uses synth.levels); fixed: synth.levels in every iteration.")
+    target: float = Field(0.5, gt=0, lt=1, description="The pass rate the window is centred on.")
+    band: float = Field(0.3, gt=0, lt=1, description="A level is in the band when |pass rate - target| <= band, "
+                        "mastered above it.")
+    replay_share: float = Field(0.2, ge=0, lt=1, description="Share of the problems on mastered levels below the "
+                                "window (so the climb does not forget them).")
+    explore_share: float = Field(0.2, ge=0, lt=1, description="Share on the level above the window (demonstrated "
+                                 "before the champion reaches it).")
+    probe_per_cell: int = Field(8, ge=1, description="Dev problems probed per family x level (greedy, one "
+                                "episode each).")
+    probe_above: int = Field(2, ge=0, description="Levels probed above the previous iteration's ceiling.")
+    seed: int = Field(7, description="Seed of the dev problems (never the benchmark's or training's).")
+
+    @model_validator(mode="after")
+    def _shares(self) -> FrontierConfig:
+        if self.replay_share + self.explore_share >= 1:
+            raise ValueError(f"frontier.replay_share + frontier.explore_share must be < 1 (got "
+                             f"{self.replay_share} + {self.explore_share}): the rest trains the window")
+        return self
+
+
 class LoopConfig(Section):
     """How iteration k > 1 trains SFT (:mod:`apprentice.training.loop_rules`)."""
 
@@ -472,6 +504,7 @@ class Config(Section):
     promote: PromoteConfig = PromoteConfig()
     lineage: LineageConfig = LineageConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
+    frontier: FrontierConfig = FrontierConfig()
     loop: LoopConfig = LoopConfig()
     ray: RayConfig = RayConfig()
     gpu: GPUConfig = GPUConfig()

@@ -55,6 +55,16 @@ class Paths:
         return self.data / "problems.parquet"
 
     @property
+    def frontier_probe(self) -> Path:
+        """The champion's episodes on the frontier controller's dev problems (empty in iteration 1)."""
+        return self.data / "frontier.parquet"
+
+    @property
+    def frontier_record(self) -> Path:
+        """The frontier controller's decision: probed cells with intervals, each family's window and mix."""
+        return self.reports / "frontier.json"
+
+    @property
     def synth_manifest(self) -> Path:
         """synth's resume manifest: the fingerprint its outputs are a function of (written last)."""
         return self.data / "synth.json"

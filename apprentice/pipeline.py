@@ -144,9 +144,22 @@ class Stage:
 # --- the stages' data flow (what dvc.yaml declares; what each stage reads and writes) -------------
 
 
+def _frontier(w: Where) -> IO:
+    # the champion the previous promotion names (path + md5 in the record) and the previous ceiling
+    p, prev = w.paths, w.prev
+    return IO(deps=[p.benchmark] + ([prev.promotion, prev.frontier_record] if prev else []),
+              outs=[p.frontier_probe], metrics=[NoCache(p.frontier_record)])
+
+
+def _frontier_on(params: Mapping[str, Any]) -> bool:
+    """Whether the frontier stage runs: under ``frontier.mode: frontier`` (the default)."""
+    return str((params.get("frontier") or {}).get("mode") or "frontier") == "frontier"
+
+
 def _synth(w: Where) -> IO:
     p, prev = w.paths, w.prev
-    return IO(deps=[p.benchmark] + ([prev.eval_dir] if prev else []), outs=[p.problems])
+    return IO(deps=[p.benchmark] + ([prev.eval_dir] if prev else [])
+              + ([p.frontier_record, p.frontier_probe] if "frontier" in w.stages else []), outs=[p.problems])
 
 
 def _evolve(w: Where) -> IO:
@@ -192,7 +205,8 @@ def _evolve_read(params: Mapping[str, Any]) -> bool:
 def _rl(w: Where) -> IO:
     # the evolved generations only while the evolve stage runs (its scheduler feeds them in)
     p = w.paths
-    return IO(deps=[p.sft_model, p.problems, *([p.evolve_dir] if "evolve" in w.stages else [])], outs=[p.rl_model])
+    return IO(deps=[p.sft_model, p.problems, *([p.evolve_dir] if "evolve" in w.stages else []),
+                    *([p.frontier_record] if "frontier" in w.stages else [])], outs=[p.rl_model])
 
 
 def _distill(w: Where) -> IO:
@@ -241,8 +255,15 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/envs", "apprentice/data/trajectories.py"), per_iteration=False, builds_envs=True,
           io=lambda w: IO(outs=[w.paths.benchmark], metrics=[NoCache(w.paths.benchmark_record)]),
           results=lambda p: [p.benchmark_record]),
+    Stage("frontier", "apprentice.stages.frontier",
+          params=("frontier", "synth.families", "synth.levels", "synth.n_train", "pipeline.seed", "model",
+                  "evaluate.max_new_tokens", "evaluate.temperature", "evaluate.batch_size",
+                  "evaluate.max_format_errors"),
+          code=("apprentice/curriculum/frontier.py", "apprentice/stages/benchmark.py", "apprentice/envs",
+                "apprentice/rollout/episodes.py", "apprentice/policies", "apprentice/templates"),
+          io=_frontier, builds_envs=True, results=lambda p: [p.frontier_record], needed=_frontier_on),
     Stage("synth", "apprentice.stages.synth",
-          params=("synth", "pipeline.seed", "promote.candidate",  # + the sampler settings synth.sampler uses
+          params=("synth", "pipeline.seed", "promote.candidate", "frontier.mode",  # + the sampler settings synth.sampler uses
                   *(f"curriculum.{k}" for k in ("p_star", "band", "hard_threshold", "easy_threshold", "replay_share",
                                                 "infeasible_share", "min_attempts", "seed"))),
           code=("apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/data/trajectories.py",

@@ -5,7 +5,9 @@ Each decision has one entry point, and the stages call only these:
 * which synthesis candidates are kept (from predicted pass rates): :func:`keep_predicted` (``samplers``);
 * in what order RL reads its problems, and which of them the probe covers: :func:`probe_plan` (``order``);
 * which evolved generation joins the RL pool: :func:`feed_generations` (``schedule``);
-* which probed problems GRPO trains on, and in what order: :func:`keep_for_grpo` (``filter``).
+* which probed problems GRPO trains on, and in what order: :func:`keep_for_grpo` (``filter``);
+* which levels the next iteration synthesizes, from the champion's probe: :mod:`frontier`
+  (:func:`frontier.decide`).
 
 They all read the policy's pass rates in one shape, :data:`PassRates` (``{problem_id:
 PassRate(successes, samples)}``, ``table``); the samplers' wider pandas frame is built from it
@@ -17,6 +19,7 @@ operators that *make* harder generations stay with the environments (:mod:`appre
 
 from __future__ import annotations
 
+from apprentice.curriculum import frontier
 from apprentice.curriculum.filter import (
     band_first,
     filter_summary,
@@ -41,7 +44,7 @@ from apprentice.curriculum.table import PassRate, PassRates, pass_rates, pass_ta
 
 __all__ = [
     # the entry points, one per decision
-    "feed_generations", "keep_for_grpo", "keep_predicted", "probe_plan",
+    "feed_generations", "frontier", "keep_for_grpo", "keep_predicted", "probe_plan",
     # the pass-rate table
     "PassRate", "PassRates", "pass_rates", "pass_table", "table_from_rates",
     # the rules behind the entry points (tests, bench/)

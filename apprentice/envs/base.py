@@ -189,6 +189,13 @@ class Environment:
         return out
 
     @classmethod
+    def top_level(cls) -> int:
+        """The highest level with a difficulty of its own (levels above it repeat it): where every axis
+        reaches ``high`` under the default ``low + level`` rule. A family with a level table returns its
+        last index. The frontier controller never plans past it (:mod:`apprentice.curriculum.frontier`)."""
+        return max((ax.high - ax.low for ax in cls.axes), default=0)
+
+    @classmethod
     def make_spec(cls, seed: int, difficulty: Mapping[str, int], generation: int = 0) -> ProblemSpec:
         names = {ax.name for ax in cls.axes}
         if set(difficulty) != names:

@@ -43,16 +43,18 @@ _ALIASES = {
 _ACTIONS = ("up", "down", "left", "right", "pick_up")
 LETTERS = "AB"
 
-# level -> difficulty vector, easy to hard (levels past the end repeat the last one)
+# level -> difficulty vector, easy to hard (levels past the end repeat the last one). The steps are small
+# (one axis at a time where possible) so that the frontier controller finds a level the model half solves:
+# a longer walk, then a door, then two; the oracle's plan grows with the level (`check-env grid`).
 LEVELS: tuple[dict[str, int], ...] = (
     {"size": 4, "obstacles": 0, "keys": 0, "budget_slack": 4},
     {"size": 5, "obstacles": 1, "keys": 0, "budget_slack": 3},
     {"size": 6, "obstacles": 2, "keys": 0, "budget_slack": 3},
-    {"size": 5, "obstacles": 1, "keys": 1, "budget_slack": 3},
+    {"size": 7, "obstacles": 3, "keys": 0, "budget_slack": 2},
+    {"size": 5, "obstacles": 1, "keys": 1, "budget_slack": 2},
     {"size": 6, "obstacles": 2, "keys": 1, "budget_slack": 2},
-    {"size": 7, "obstacles": 2, "keys": 2, "budget_slack": 2},
-    {"size": 8, "obstacles": 3, "keys": 2, "budget_slack": 1},
-    {"size": 9, "obstacles": 4, "keys": 2, "budget_slack": 0},
+    {"size": 6, "obstacles": 2, "keys": 2, "budget_slack": 1},
+    {"size": 7, "obstacles": 3, "keys": 2, "budget_slack": 0},
 )
 
 
@@ -235,6 +237,10 @@ class GridEnv(Environment):
         self._budget = 0
 
     # ---- generation ---------------------------------------------------------------------------
+    @classmethod
+    def top_level(cls) -> int:
+        return len(LEVELS) - 1
+
     @classmethod
     def sample_difficulty(cls, rng: random.Random, level: int | None = None) -> dict[str, int]:
         """The level table (easy to hard) for a fixed level; else uniform over boards that fit."""

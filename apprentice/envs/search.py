@@ -57,11 +57,16 @@ _CODAS = ("", "", "n", "r", "l", "s", "th", "k", "m")
 _RESERVED = frozenset(PROFESSIONS) | frozenset(ORG_KINDS) | STOPWORDS | {
     w for phrase, _ in RELATIONS.values() for w in phrase.split()} | {"city", "country", "person"}
 
+# level -> difficulty vector, easy to hard: one axis step at a time (a hop, then a bigger and more crowded
+# world, then a tighter budget), so that some level is always near the frontier of a learning model.
 LEVELS: tuple[dict[str, int], ...] = (
     {"hops": 1, "corpus": 0, "distractors": 0, "budget_slack": 2},
+    {"hops": 1, "corpus": 1, "distractors": 1, "budget_slack": 2},
     {"hops": 2, "corpus": 1, "distractors": 1, "budget_slack": 2},
+    {"hops": 2, "corpus": 2, "distractors": 2, "budget_slack": 1},
     {"hops": 3, "corpus": 2, "distractors": 2, "budget_slack": 1},
-    {"hops": 4, "corpus": 3, "distractors": 3, "budget_slack": 1},
+    {"hops": 3, "corpus": 3, "distractors": 3, "budget_slack": 1},
+    {"hops": 4, "corpus": 3, "distractors": 3, "budget_slack": 0},
     {"hops": 4, "corpus": 4, "distractors": 4, "budget_slack": 0},
 )
 
@@ -176,6 +181,10 @@ class SearchEnv(Environment):
         self._budget = 0
 
     # ---- generation ---------------------------------------------------------------------------
+    @classmethod
+    def top_level(cls) -> int:
+        return len(LEVELS) - 1
+
     @classmethod
     def sample_difficulty(cls, rng: random.Random, level: int | None = None) -> dict[str, int]:
         """The level table (easy to hard) for a fixed level; else uniform over the axes."""

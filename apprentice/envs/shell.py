@@ -242,6 +242,10 @@ class ShellEnv(Environment):
 
     # ---- generation ---------------------------------------------------------------------------
     @classmethod
+    def top_level(cls) -> int:
+        return len(LEVELS) - 1
+
+    @classmethod
     def sample_difficulty(cls, rng: random.Random, level: int | None = None) -> dict[str, int]:
         if level is not None:
             return dict(LEVELS[min(max(level, 0), len(LEVELS) - 1)])

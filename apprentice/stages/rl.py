@@ -1,12 +1,14 @@
 """Stage ``rl``: curriculum GRPO from the SFT model -> ``models/iter_k/rl``.
 
-1. order the training problems easy -> hard;
+1. keep the problems on the frontier window's levels (``frontier.json``: where the champion half
+   succeeded), order them easy -> hard;
 2. probe the first ``rl.probe_problems`` of them with ``rl.probe_samples`` sampled episodes each
    (temperature 1, the same engine evaluation uses) and drop those the policy always or never
    solves (``apprentice.curriculum``), or let ``curriculum.sampler`` pick (``rl.curriculum: sampler``);
    with ``curriculum.evolve.feed > 0`` the generation scheduler also probes the evolved generations
    (``data/iter_k/evolve``) and adds the first one the policy has not mastered to what is picked from;
-3. GRPO over what is left, in order (``training.rl``).
+3. GRPO over what is left, in order (``training.rl``), a group whose rewards are all equal replaced
+   from the problems GRPO does not reach (dynamic sampling, ``rl.refill_rounds``).
 
 ``rl.max_steps = 0`` copies the SFT model unchanged (lets a profile skip RL while keeping the DAG).
 """
@@ -52,6 +54,24 @@ def select_problems(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: 
         fed = {"evolve_feed": fed}
     kept, summary = curriculum.keep_for_grpo(ordered, probe_rows, table, cfg)
     return kept, {**summary, **fed}
+
+
+def in_window(paths: Paths, problems: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The problems on the levels of the frontier window (``frontier.json``), where the champion's pass
+    rate was near the target: RL's groups vary there. All problems when there is no record or the
+    window holds none (iteration 1, ``frontier.mode: fixed``)."""
+    from apprentice.curriculum import frontier
+
+    if not paths.frontier_record.exists():
+        return problems, {}
+    levels = frontier.band_levels(json.loads(paths.frontier_record.read_text()))
+    if not levels:
+        return problems, {}
+    keep = [int(lv) in levels.get(str(f), []) for f, lv in zip(problems["family"], problems["level"], strict=True)]
+    picked = problems.loc[keep].reset_index(drop=True)
+    if picked.empty:
+        return problems, {"window": levels, "window_problems": 0}
+    return picked, {"window": levels, "window_problems": len(picked)}
 
 
 def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
@@ -135,7 +155,9 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
         pool = pd.concat([all_problems, *(generations or [])], ignore_index=True)[all_problems.columns]
         problems = pool.set_index("problem_id", drop=False).loc[summary["order"]].reset_index(drop=True)
     else:
-        problems, summary = select_problems(cfg, all_problems, model, tok, generations)
+        candidates, window = in_window(paths, all_problems)
+        problems, summary = select_problems(cfg, candidates, model, tok, generations)
+        summary = {**summary, **window}
         summary = {**summary, "order": problems["problem_id"].tolist()}
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(summary, indent=2))

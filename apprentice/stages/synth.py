@@ -1,7 +1,10 @@
 """Stage ``synth``: generate iteration k's training problem specs -> ``paths.problems``.
 
-Problem ``i`` goes to family ``families[i % F]`` at level ``levels[(i // F) % L]``, so every family
-sees every level in turn, and its seed is derived from (pipeline seed, synth seed, iteration, i):
+Which levels: from iteration 2 on (``frontier.mode: frontier``), the mix the frontier stage decided
+from the champion's probe (family -> level -> count, :mod:`apprentice.curriculum.frontier`): most
+problems where the champion half succeeds, some replay below, some above. Iteration 1 (and ``fixed``):
+problem ``i`` goes to family ``families[i % F]`` at level ``levels[(i // F) % L]``, so every family
+sees every level in turn. Problem ``i``'s seed is derived from (pipeline seed, synth seed, iteration, i):
 the same config gives byte-identical Parquet files. Each family's ``generate(seed, level)``
 accepts a problem only if its oracle earns reward 1.0 on replay.
 
@@ -9,7 +12,7 @@ Held out by content: the held-out problems are the fixed benchmark (``stages.ben
 for all iterations). A training candidate whose task text + oracle plan equals a benchmark
 problem's, or an earlier training problem's, is replaced by the next seed derived from its slot
 (:func:`apprentice.stages.benchmark.generate_unique`): training never sees a benchmark problem under
-another id, and holds no content duplicates.
+another id, and holds no content duplicates; nor does it repeat a dev problem the frontier probed.
 
 Selection (``synth.sampler``, iterations k > 1): generate ``n_train x synth.oversample`` training
 candidates, predict the current model's pass rate on each *before any rollout* (the ex-ante
@@ -36,7 +39,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from apprentice.config import Config
-from apprentice.curriculum import SAMPLER_SETTINGS, keep_predicted
+from apprentice.curriculum import SAMPLER_SETTINGS, frontier, keep_predicted
 from apprentice.data import dedupe, trajectories
 from apprentice.data.trajectories import problems_frame, read_parquet, write_parquet
 from apprentice.envs import FAMILIES, base, env_for, plugin_sources
@@ -55,7 +58,9 @@ def fingerprint(cfg: Config, paths: Paths) -> str:
     code = {Path(s).name: _sha256(Path(s)) for s in sources if s}
     blob: dict[str, Any] = {"synth": cfg.synth.model_dump(mode="json"), "pipeline_seed": cfg.pipeline.seed,
                             "iteration": paths.iteration, "code": dict(sorted(code.items())),
-                            "benchmark": _sha256(paths.benchmark) if paths.benchmark.exists() else None}
+                            "benchmark": _sha256(paths.benchmark) if paths.benchmark.exists() else None,
+                            "frontier": (_sha256(paths.frontier_record) if cfg.frontier.mode == "frontier"
+                                         and paths.iteration > 1 and paths.frontier_record.exists() else None)}
     if plugins := plugin_sources(cfg.synth.families):  # a plugin's package version and whole source
         blob["plugins"] = plugins
     if cfg.synth.sampler != "none":
@@ -65,11 +70,42 @@ def fingerprint(cfg: Config, paths: Paths) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
-def plan(cfg: Config, iteration: int, split: str, n: int) -> list[tuple[str, int, int]]:
-    """(family, level, seed) for each of the ``n`` problems of ``split``."""
+def plan(cfg: Config, iteration: int, split: str, n: int,
+         mix: dict[str, dict[int, int]] | None = None) -> list[tuple[str, int, int]]:
+    """(family, level, seed) for each of the ``n`` problems of ``split``: the frontier controller's
+    ``mix`` (family -> level -> count) when given, else ``synth.levels`` round robin."""
     fams, levels = cfg.synth.families, cfg.synth.levels
+    if mix:
+        cells = frontier.slots({f: mix.get(f, {}) for f in fams})
+        return [(*cells[i % len(cells)], derive_seed(cfg.pipeline.seed, cfg.synth.seed, iteration, split, i))
+                for i in range(n)]
     return [(fams[i % len(fams)], levels[(i // len(fams)) % len(levels)],
              derive_seed(cfg.pipeline.seed, cfg.synth.seed, iteration, split, i)) for i in range(n)]
+
+
+def frontier_mix(cfg: Config, paths: Paths) -> dict[str, dict[int, int]] | None:
+    """The mix this iteration's frontier stage decided, from iteration 2 on under ``frontier.mode:
+    frontier`` (iteration 1 and ``fixed`` keep the round robin over ``synth.levels``, exactly as before)."""
+    if cfg.frontier.mode != "frontier" or paths.iteration == 1:
+        return None
+    from apprentice.stages.frontier import mix_of
+
+    mix = mix_of(paths)
+    if mix is None:
+        raise FileNotFoundError(f"frontier.mode is frontier but {paths.frontier_record} does not exist; run "
+                                f"`python -m apprentice frontier --iter {paths.iteration}` first (dvc repro does), "
+                                "or set frontier.mode: fixed")
+    return mix
+
+
+def dev_keys(paths: Paths) -> set[str]:
+    """Content keys of the frontier probe's dev problems: training never repeats them either."""
+    if not paths.frontier_probe.exists():
+        return set()
+    from apprentice.stages import benchmark
+
+    df = read_parquet(paths.frontier_probe)
+    return benchmark.content_keys(df.drop_duplicates("problem_id")) if len(df) else set()
 
 
 def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
@@ -157,8 +193,10 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     n_train = cfg.synth.n_train
     if cfg.synth.sampler != "none":  # candidates to select from (see select_train)
         n_train = math.ceil(n_train * cfg.synth.oversample)
-    jobs = plan(cfg, paths.iteration, "train", n_train)
+    mix = frontier_mix(cfg, paths)
+    jobs = plan(cfg, paths.iteration, "train", n_train, mix)
     taken = benchmark.content_keys(held)  # training never repeats a benchmark problem's content
+    taken |= dev_keys(paths)  # nor a problem the frontier probed the champion on
     n_held = len(taken)
     held_tasks = benchmark.task_keys(held)  # nor its task text (case, spacing, punctuation aside)
     with tqdm(total=len(jobs), desc=f"synth iter {paths.iteration}", unit="problem") as bar:
@@ -195,6 +233,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         "problems": paths.rel(paths.problems),
         "benchmark_path": paths.rel(paths.benchmark),
         **({"selection": selection} if selection else {}),
+        "mix": "frontier" if mix else "synth.levels",
     }
     manifest = {"fingerprint": fp, "summary": summary,
                 "sha256": {"problems": _sha256(paths.problems)}}

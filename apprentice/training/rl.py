@@ -10,6 +10,9 @@ families and each prompt shows only its family's tools. No ``rollout_func`` is n
 environment loop covers every case the pipeline has (tool-calling episodes with an env reward).
 
 What this module adds on top:
+  * **Dynamic sampling** (:class:`~apprentice.training.dynamic_sampling.DynamicSampling`): a group whose
+    rewards are all equal is dropped and replaced from a refill pool (the band's other problems) before
+    the gradient step, so a step is not spent on zero advantages.
   * **Curriculum order**: rows are ordered easy -> hard (``apprentice.curriculum``) and TRL's sampler
     keeps that order (``shuffle_dataset=False``: its ``RepeatSampler`` then walks the dataset
     sequentially, each prompt repeated ``num_generations`` times in a row).
@@ -47,12 +50,14 @@ from trl import GRPOTrainer
 from apprentice.config import RLConfig
 from apprentice.lm.modeling import autocast
 from apprentice.training import common, loggers
+from apprentice.training.dynamic_sampling import DynamicSampling
 from apprentice.training.packing import SharedPromptScoring
 from apprentice.training.sampling import EngineSampling
 
 
-class CurriculumGRPOTrainer(EngineSampling, SharedPromptScoring, GRPOTrainer):
+class CurriculumGRPOTrainer(DynamicSampling, EngineSampling, SharedPromptScoring, GRPOTrainer):
     """``GRPOTrainer`` sampling through the pipeline's engine (TRL's own loss, sampler and tool loop),
+    replacing groups without reward variance before the step (:mod:`apprentice.training.dynamic_sampling`),
     scoring each micro-batch as one flattened row over one copy of its common prompt prefix.
 
     Overrides TRL's private ``_generate_single_turn`` and ``_get_per_token_logps_and_entropies`` and
@@ -90,8 +95,18 @@ def build_dataset(problems: pd.DataFrame) -> Any:
     """One row per problem, in the given order: prompt = [system, user('')], spec, environment."""
     from datasets import Dataset
 
+    rows = dataset_rows(problems)
+    if not rows:
+        raise ValueError("no RL problems left after the curriculum filter; check data/iter_k/problems.parquet")
+    return Dataset.from_list(rows)
+
+
+def dataset_rows(problems: pd.DataFrame) -> list[dict[str, Any]]:
+    """The dataset rows of ``problems`` (what TRL hands ``_generate_and_score_completions``)."""
+    if problems.empty:
+        return []
     classes = environment_classes(problems["family"].tolist())
-    rows = [
+    return [
         {
             "prompt": [{"role": "system", "content": classes[r["family"]].system_prompt},
                        {"role": "user", "content": ""}],
@@ -101,9 +116,6 @@ def build_dataset(problems: pd.DataFrame) -> Any:
         }
         for r in problems.to_dict("records")
     ]
-    if not rows:
-        raise ValueError("no RL problems left after the curriculum filter; check data/iter_k/problems.parquet")
-    return Dataset.from_list(rows)
 
 
 def reward_trend(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -130,11 +142,27 @@ def signal_share(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"signal_steps": len(live), "logged_steps": len(steps), "signal_share": len(live) / len(steps)}
 
 
+def dynamic_summary(log: list[dict[str, float]]) -> dict[str, Any]:
+    """Per step of this run: the share of groups with reward variance and of clipped episodes (the
+    two numbers RL is judged by: a step with no live group cannot move the model, a clipped episode
+    scores 0 whatever it did), and the groups sampled to fill the steps."""
+    if not log:
+        return {}
+    return {"live_groups_per_step": [round(s["live_groups"], 3) for s in log],
+            "clipped_per_step": [round(s["clipped"], 3) for s in log],
+            "live_groups_mean": round(sum(s["live_groups"] for s in log) / len(log), 4),
+            "clipped_mean": round(sum(s["clipped"] for s in log) / len(log), 4),
+            "groups_sampled": int(sum(s["groups_sampled"] for s in log))}
+
+
 def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Path, rl: RLConfig, *,
                dtype: str = "auto", stamp: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
                reward_funcs: Sequence[Any] = (), extra_files: dict[str, str] | None = None,
-               stage: str = "rl") -> dict[str, Any]:
+               stage: str = "rl", refill: pd.DataFrame | None = None) -> dict[str, Any]:
     """GRPO over ``problems`` (already in curriculum order) from ``model``; write ``final_dir``.
+
+    ``refill``: the problems a group without reward variance is replaced from (``rl.refill_rounds``
+    rounds a step; none: the problems GRPO does not reach, then the rest, in order).
 
     ``reward_funcs`` are added to the environments' own rewards (TRL sums them); the stage passes
     none, the environment reward alone drives RL.
@@ -174,6 +202,9 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
         callbacks=[logged, *loggers.callbacks(stage, logged), *callbacks],
         rollout_dtype="bf16" if args.bf16 else "fp32",
     )
+    used = rl.max_steps * rl.prompts_per_step
+    pool = refill if refill is not None else pd.concat([problems.iloc[used:], problems.iloc[:used]])
+    trainer.set_refill_pool(dataset_rows(pool), rl.refill_rounds)
     out = trainer.train(resume_from_checkpoint=ckpt)
     rows = common.read_metrics(metrics)
     common.finalize(trainer, tokenizer, final_dir, work, stamp=stamp or {}, metrics=metrics,
@@ -187,6 +218,7 @@ def train_grpo(model: Any, tokenizer: Any, problems: pd.DataFrame, final_dir: Pa
         "sampler": "engine" if trainer.engine_calls else "trl-generate",  # see the module docstring
         **reward_trend([r for r in rows if "train_loss" not in r]),
         **signal_share([r for r in rows if "train_loss" not in r]),
+        **dynamic_summary(trainer.dynamic_log),
         "wall_s": round(time.time() - t0, 1),
         "metrics": str(final_dir / common.METRICS_FILE),
     }

@@ -180,7 +180,7 @@ def test_grid_budget_exhaustion_ends_episode_with_zero_reward():
 
 
 def test_grid_keys_are_needed_and_pick_up_works():
-    env, _, first = _fresh(GridEnv, 9, level=3)  # one key, one door
+    env, _, first = _fresh(GridEnv, 9, level=4)  # one key, one door
     assert "key A:" in first and "door A:" in first
     plan = env.oracle()
     assert ToolCall("pick_up", {}) in plan
@@ -261,15 +261,15 @@ def test_search_ranks_the_described_person_first_and_open_is_forgiving():
 
 
 def test_search_bad_arguments_are_error_observations():
-    env, _, _ = _fresh(SearchEnv, 2, level=3)
-    assert env.turn_budget() > 6
+    env, _, _ = _fresh(SearchEnv, 2, level=2)
+    assert env.turn_budget() > 5
     assert env.search("").startswith("Error:")
     assert env.search(None).startswith("Error:")
     assert env.search("the of").startswith("Error:")
     assert env.open("No Such Article").startswith("Error: no article")
     assert env.open(42).startswith("Error:")
-    assert env.search("zzqx").startswith("No results")
-    assert not env.done and env.turns == 6
+    assert not env.done and env.turns == 5
+    assert env.search("zzqx").startswith("No results")  # the last action of the budget: an error, then the end
 
 
 def test_search_budget_exhaustion_ends_episode():

@@ -17,8 +17,11 @@ from apprentice.stages import benchmark, synth
 
 
 def _cfg(n_eval: int = 6, **synth_over) -> Config:
+    """Round robin over synth.levels in every iteration (the frontier controller off: its mix is tested
+    with a frontier record below)."""
     s = {"families": ["grid", "search"], "n_train": 12, "levels": [0, 2], "seed": 3}
-    return Config.model_validate({"synth": {**s, **synth_over}, "benchmark": {"n": n_eval, "levels": []}})
+    return Config.model_validate({"synth": {**s, **synth_over}, "benchmark": {"n": n_eval, "levels": []},
+                                  "frontier": {"mode": "fixed"}})
 
 
 def _run(cfg: Config, paths: Paths) -> dict:
@@ -151,7 +154,7 @@ def test_sampler_selects_training_problems_by_predicted_pass_rate(tmp_path, p_st
     _previous_episodes(tmp_path, {0: 0.85, 1: 0.5, 2: 0.15})
     over = {"levels": [0, 1, 2], "n_train": 12, "sampler": "pass_band", "oversample": 3.0}
     cfg = Config.model_validate({"synth": {**_cfg().synth.model_dump(), **over}, "benchmark": {"n": 60, "levels": []},
-                                 "curriculum": {"p_star": p_star, "band": 0.2}})
+                                 "curriculum": {"p_star": p_star, "band": 0.2}, "frontier": {"mode": "fixed"}})
     p2 = Paths(tmp_path, 2)
     summary = synth.run(cfg, p2)
     train = pd.read_parquet(p2.problems)
@@ -191,8 +194,50 @@ def test_the_shipped_benchmark_can_tell(tmp_path):
     assert cells.min() == cells.max() and len(cells) == len(cfg.benchmark_families) * len(cfg.benchmark_levels)
     held = {content_key(s) for s in specs_of(bench)}
     tasks = {spec_task_key(s) for s in specs_of(bench)}
+    # iteration 2 trains where a champion half succeeds: levels 3-5, the benchmark's harder half
+    _frontier_record(cfg, Paths(tmp_path, 2), {0: 1.0, 1: 1.0, 2: 0.9, 3: 0.5, 4: 0.4, 5: 0.1})
     for k in (1, 2):
         synth.run(cfg, Paths(tmp_path, k))
         train = specs_of(pd.read_parquet(Paths(tmp_path, k).problems))
         assert not {content_key(s) for s in train} & held
         assert not {spec_task_key(s) for s in train} & tasks
+
+
+def _frontier_record(cfg: Config, paths: Paths, rates: dict[int, float], n: int = 10) -> dict:
+    """A frontier.json as the frontier stage writes it, from given per-level pass rates (every family)."""
+    import json
+
+    from apprentice.curriculum import frontier
+    from apprentice.stages.frontier import tops
+
+    probe = [frontier.Cell(f, lv, n, round(r * n)) for f in cfg.synth.families for lv, r in rates.items()]
+    fc = cfg.frontier
+    rec = frontier.decide(probe, cfg.synth.families, tops(cfg), cfg.synth.n_train, target=fc.target, band=fc.band,
+                          replay_share=fc.replay_share, explore_share=fc.explore_share)
+    paths.frontier_record.parent.mkdir(parents=True, exist_ok=True)
+    paths.frontier_record.write_text(json.dumps(rec))
+    return rec
+
+
+def test_iteration_2_synthesizes_the_frontier_mix(tmp_path):
+    """From iteration 2 on, synthesis follows the frontier record: per family exactly the mix's count at
+    each level (window, replay below, the level above), no other level; iteration 1 keeps synth.levels."""
+    cfg = Config.model_validate({"synth": {"families": ["grid", "search"], "n_train": 40, "levels": [0, 1, 2], "seed": 3},
+                                 "benchmark": {"n": 16, "levels": []}})
+    rec = _frontier_record(cfg, Paths(tmp_path, 2), {0: 1.0, 1: 0.9, 2: 0.6, 3: 0.3, 4: 0.0})
+    _run(cfg, Paths(tmp_path, 1))
+    assert set(pd.read_parquet(Paths(tmp_path, 1).problems)["level"]) == {0, 1, 2}
+    summary = synth.run(cfg, Paths(tmp_path, 2))
+    train = pd.read_parquet(Paths(tmp_path, 2).problems)
+    got = {f: {str(lv): int(n) for lv, n in g.groupby("level").size().items()} for f, g in train.groupby("family")}
+    assert got == {f: d["mix"] for f, d in rec["families"].items()} and summary["mix"] == "frontier"
+    assert rec["families"]["grid"]["window"] == [2, 3] and rec["families"]["grid"]["above"] == [4]
+    assert rec["families"]["grid"]["replay"] == [0, 1]
+
+
+def test_iteration_2_without_a_frontier_record_names_the_stage_to_run(tmp_path):
+    cfg = Config.model_validate({"synth": {"families": ["grid"], "n_train": 4, "levels": [0], "seed": 3},
+                                 "benchmark": {"n": 2, "levels": []}})
+    benchmark.run(cfg, Paths(tmp_path, 1))
+    with pytest.raises(FileNotFoundError, match="apprentice frontier --iter 2"):
+        synth.run(cfg, Paths(tmp_path, 2))
