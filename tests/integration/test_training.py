@@ -232,3 +232,58 @@ def test_grpo_samples_through_the_engine_the_tokens_trl_generate_gives(tmp_path,
     again = trainer._generate_single_turn(rounds, None, {}, 1)[0]
     assert again == GRPOTrainer._generate_single_turn(trainer, rounds, None, {}, 1)[0]
     assert trainer._engine.stats["reused_tokens"] >= sum(len(p) for p in prompts)  # round 2 reused round 1
+
+
+def test_grpo_replaces_groups_without_reward_variance_before_the_step(tmp_path, tiny_model_dir, echo_env):
+    """Dynamic sampling through TRL's real trainer: the step's first problem gives every episode the same
+    reward, so its group is dropped and refilled from the pool, where rewards vary; the step then trains
+    on groups that all have variance, and the per-step shares are logged and summarised."""
+    from apprentice.data.trajectories import read_parquet
+    from apprentice.lm.modeling import load_model, load_tokenizer
+    from apprentice.training.rl import train_grpo
+
+    paths = Paths(tmp_path)
+    write_data(paths, n=6)
+    problems = read_parquet(paths.problems)
+    flat = set(problems["problem_id"][:1])  # the first problem: every episode rewarded alike
+
+    def reward(completions, problem_id, **kw):
+        return [0.0 if p in flat else float(len(str(c)) % 5) for c, p in zip(completions, problem_id, strict=True)]
+
+    cfg = config(tiny_model_dir, rl={"max_steps": 1, "prompts_per_step": 2, "num_generations": 2,
+                                      "max_completion_length": 24, "refill_rounds": 2, "micro_batch_size": 2})
+    tok = load_tokenizer(tiny_model_dir, cfg.model.chat_template)
+    out = train_grpo(load_model(tiny_model_dir, dtype="fp32"), tok, problems.iloc[:2], paths.rl_model, cfg.rl,
+                     dtype="fp32", reward_funcs=[reward], refill=problems.iloc[2:])
+    assert out["live_groups_per_step"] == [1.0] and out["groups_sampled"] >= 3  # 2, then refills
+    rows = read_metrics(paths.rl_model / METRICS_FILE)
+    step = next(r for r in rows if "loss" in r)
+    assert step["dynamic/live_groups"] == 1.0 and "dynamic/clipped" in step and step["grad_norm"] > 0
+    assert _changed(paths.rl_model, tiny_model_dir) > 0
+
+
+def test_merged_groups_keep_each_rows_tokens_and_padding_sides():
+    """merge_groups: rows of groups from two TRL outputs of different widths come out padded the way TRL
+    pads (prompts on the left, completions on the right), each row's tokens unchanged, and the loss
+    token count recounted from the merged masks."""
+    from apprentice.training.dynamic_sampling import live_groups, merge_groups
+
+    def out(prompt_w, comp_w, adv, base):
+        b = len(adv)
+        return {"prompt_ids": torch.arange(base, base + b * prompt_w).view(b, prompt_w),
+                "prompt_mask": torch.ones(b, prompt_w, dtype=torch.long),
+                "completion_ids": torch.arange(base, base + b * comp_w).view(b, comp_w) + 1000,
+                "completion_mask": torch.ones(b, comp_w, dtype=torch.long),
+                "advantages": torch.tensor(adv), "num_items_in_batch": torch.tensor(b * comp_w)}
+
+    a = out(3, 4, [0.0, 0.0, 1.0, -1.0], 0)
+    b = out(5, 2, [0.5, -0.5, 0.0, 0.0], 100)
+    assert live_groups(a["advantages"], 2) == [False, True] and live_groups(b["advantages"], 2) == [True, False]
+    m = merge_groups([(a, 1), (b, 0)], 2, pad_id=-1)
+    assert m["prompt_ids"].shape == (4, 5) and m["completion_ids"].shape == (4, 4)
+    assert m["prompt_ids"][0].tolist() == [-1, -1, *a["prompt_ids"][2].tolist()]  # left-padded
+    assert m["prompt_mask"][0].tolist() == [0, 0, 1, 1, 1]
+    assert m["completion_ids"][2].tolist() == [*b["completion_ids"][0].tolist(), -1, -1]  # right-padded
+    assert m["completion_mask"][2].tolist() == [1, 1, 0, 0]
+    assert m["advantages"].tolist() == [1.0, -1.0, 0.5, -0.5]
+    assert int(m["num_items_in_batch"]) == 2 * 4 + 2 * 2
