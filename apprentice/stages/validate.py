@@ -121,13 +121,44 @@ def select_sft(teacher: pd.DataFrame, success_only: bool, max_message_chars: int
     return sft, [r for r in per_row if r is not None]
 
 
+def _unreadable(path: Path, paths: Paths, suite: str, error: BaseException) -> gate.GateResult:
+    """A failed result for an input table that cannot be read (missing, 0 bytes, not Parquet)."""
+    what = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    return gate.GateResult(suite, _rel(path, paths), 0, [gate.Check(
+        "table_is_readable_parquet", {"path": _rel(path, paths)}, False, what)])
+
+
+def _read_inputs(paths: Paths) -> list[pd.DataFrame]:
+    """The three input tables; an unreadable one fails the gate with its report written (the stage
+    promises a report whether or not the gate passes, and a 0-byte file is a failed gate, not a crash)."""
+    frames, bad = [], []
+    for path, suite in ((paths.problems, "problems"), (paths.eval_problems, "problems"),
+                        (paths.teacher_trajectories, "trajectories")):
+        try:
+            frames.append(read_parquet(path))
+        except Exception as e:  # noqa: BLE001 - any reader error (pyarrow, OSError) is the same finding
+            bad.append(_unreadable(path, paths, suite, e))
+    if bad:
+        gate.write_reports(bad, paths.gate_html, paths.gate_record, f"Data gate, iteration {paths.iteration}")
+        print("\n".join(r.summary() for r in bad))
+        gate.raise_if_failed(bad, paths.gate_html)
+    return frames
+
+
+def _crashed(error: BaseException, teacher: pd.DataFrame, paths: Paths, excluded: list[dict[str, Any]]) -> None:
+    """A gate that cannot run on this data still leaves a (failed) report naming why."""
+    what = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    result = gate.GateResult("gate", _rel(paths.teacher_trajectories, paths), len(teacher),
+                             [gate.Check("gate_runs", {}, False, what)])
+    gate.write_reports([result], paths.gate_html, paths.gate_record, f"Data gate, iteration {paths.iteration}",
+                       excluded=excluded)
+
+
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     v = cfg.validate_
     # No SFT set survives a gate run that does not pass (the plain CLI as safe as `dvc repro`).
     paths.sft_data.unlink(missing_ok=True)
-    problems = read_parquet(paths.problems)
-    eval_problems = read_parquet(paths.eval_problems)
-    teacher = read_parquet(paths.teacher_trajectories)
+    problems, eval_problems, teacher = _read_inputs(paths)
     held_out = [eval_problems]  # every held-out set (the benchmark) goes here: training must not repeat it
     eval_ids = sorted({i for df in held_out for i in _ids(df)})
     held_content = sorted({k for df in held_out for k in _content_keys(df)})
@@ -135,7 +166,13 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     eval_families = allowed_families(cfg.benchmark_families)
     held_tasks = sorted({k for df in held_out for k in _task_keys(df)})
 
-    sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
+    html_path, json_path = paths.gate_html, paths.gate_record
+    excluded: list[dict[str, Any]] = []
+    try:
+        sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
+    except Exception as e:
+        _crashed(e, teacher, paths, excluded)
+        raise
     # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
     # yields a byte-identical SFT set, and DVC does not retrain SFT for nothing.
     sft = sft.drop(columns=["wall_s"], errors="ignore")
@@ -156,9 +193,12 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
          {"allowed_success": [True] if v.success_only else [True, False], "eval_problem_ids": eval_ids,
           "max_message_chars": v.max_message_chars}),
     ]
-    results = [gate.check(df, suite, params, table=name)
-               for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
-    html_path, json_path = paths.gate_html, paths.gate_record
+    try:
+        results = [gate.check(df, suite, params, table=name)
+                   for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
+    except Exception as e:
+        _crashed(e, teacher, paths, excluded)
+        raise
     passed = all(r.success for r in results)
     if passed:
         write_parquet(sft, paths.sft_data)
