@@ -270,9 +270,9 @@ def _markup(msgs: Sequence[Any], markers: Sequence[str]) -> str:
                 except ValueError:
                     inner = []
                 text = " ".join([text, *inner])
-            for mark in markers:
-                if mark in text:
-                    return f"message {i + 1} ({_role(m)}) {where} holds the chat template's {mark!r}"
+            hits = [(text.find(mark), -len(mark), mark) for mark in markers if mark in text]
+            if hits:  # the first marker in reading order
+                return f"message {i + 1} ({_role(m)}) {where} holds the chat template's {min(hits)[2]!r}"
     return ""
 
 
