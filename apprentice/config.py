@@ -171,6 +171,9 @@ class ValidateConfig(Section):
     min_success_rate: float = Field(0.5, ge=0, le=1, description="Smallest share of successful teacher "
                                     "episodes the gate accepts.")
     success_only: bool = Field(True, description="Keep only successful episodes in the SFT set.")
+    allow_non_monotone: list[str] = Field(default_factory=list, description="Families used even though "
+                                          "check-env finds a level that is easier than a lower one (an explicit "
+                                          "override; synth and benchmark refuse such a family otherwise).")
     max_message_chars: int = Field(
         20000, ge=100, description="Longest message (content + tool-call arguments) a teacher episode may "
         "hold: an episode with a longer assistant message (a runaway generation) is excluded from the SFT set; "
