@@ -419,8 +419,10 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
             return found
         seen = "\n".join([env.system_prompt, tools, task])
 
+        env_cls = type(env)
+
         def observe_plan() -> str:  # what the oracle's own path shows: the values the problem hides
-            other = type(env)()
+            other = env_cls()
             try:
                 other.reset(spec=spec)
                 return "\n".join(other.execute(c) for c in plan)

@@ -50,12 +50,12 @@ def template_markers(template: str) -> frozenset[str]:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     s = _SENTINEL
-    conv = [{"role": "system", "content": f"{s}0"}, {"role": "user", "content": f"{s}1"},
+    conv: list[dict[str, Any]] = [{"role": "system", "content": f"{s}0"}, {"role": "user", "content": f"{s}1"},
             {"role": "assistant", "content": f"{s}2", "tool_calls": [
                 {"type": "function", "function": {"name": f"{s}3", "arguments": {f"{s}4": f"{s}5"}}}]},
             {"role": "tool", "name": f"{s}3", "content": f"{s}6"}, {"role": "assistant", "content": f"{s}7"}]
-    rendered, _ = render_jinja_template(conversations=[conv], chat_template=template, add_generation_prompt=True)
-    return frozenset(_TAG.findall(rendered[0]))
+    out: Any = render_jinja_template(conversations=[conv], chat_template=template, add_generation_prompt=True)
+    return frozenset(_TAG.findall(str(out[0][0])))
 
 
 def tokenizer_markers(tokenizer: Any) -> frozenset[str]:

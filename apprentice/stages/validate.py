@@ -186,8 +186,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     excluded: list[dict[str, Any]] = []
     try:
         sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
-    except Exception as e:
-        _crashed(e, teacher, paths, excluded)
+    except Exception as err:
+        _crashed(err, teacher, paths, excluded)
         raise
     # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
     # yields a byte-identical SFT set, and DVC does not retrain SFT for nothing.
@@ -212,8 +212,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     try:
         results = [gate.check(df, suite, params, table=name)
                    for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
-    except Exception as e:
-        _crashed(e, teacher, paths, excluded)
+    except Exception as err:
+        _crashed(err, teacher, paths, excluded)
         raise
     passed = all(r.success for r in results)
     if passed:

@@ -3,8 +3,6 @@ refuse a family it rejects unless the config lists it explicitly. Real environme
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import pytest
 
 from apprentice.envs import FAMILIES, register
