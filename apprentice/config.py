@@ -135,14 +135,18 @@ class PolicyConfig(Section):
     timeout_s: float = Field(60.0, gt=0, description="Seconds one endpoint request may take (kind=openai).")
     max_retries: int = Field(3, ge=0, description="Extra attempts of one request after a transient failure "
                              "(connection, timeout, 429/5xx, a body that is not a chat completion).")
-    circuit_breaker: int = Field(8, ge=1, description="Consecutive connection failures or timeouts (across all "
-                                 "requests) after which the rollout stops with one error instead of spending "
-                                 "every problem's retries on an endpoint that is down.")
+    circuit_breaker: int = Field(8, ge=1, description="Refused connections in a row (nothing listening), or "
+                                 "timeouts lasting one request's whole retry span with no answer in between "
+                                 "(at least this many), after which the rollout stops with one error instead of "
+                                 "spending every problem's retries on an endpoint that is down.")
+    max_reply_bytes: int = Field(2_000_000, ge=1024, description="Largest reply body (bytes) read from the "
+                                 "endpoint (kind=openai); a longer one fails that turn, naming the limit, and is "
+                                 "neither read on nor stored.")
 
     #: what only decides how an answer is fetched, not what it is: left out of episode fingerprints, so a
     #: rerun with another port, timeout or retry count resumes the finished episodes
     TRANSPORT: ClassVar[frozenset[str]] = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries",
-                                                      "circuit_breaker"})
+                                                      "circuit_breaker", "max_reply_bytes"})
 
     def episode_settings(self) -> dict[str, Any]:
         """The settings that determine an episode (kind, model, sampling; for an HF model also the
@@ -169,9 +173,13 @@ class ValidateConfig(Section):
     min_success_rate: float = Field(0.5, ge=0, le=1, description="Smallest share of successful teacher "
                                     "episodes the gate accepts.")
     success_only: bool = Field(True, description="Keep only successful episodes in the SFT set.")
+    allow_non_monotone: list[str] = Field(default_factory=list, description="Families used even though "
+                                          "check-env finds a level that is easier than a lower one (an explicit "
+                                          "override; synth and benchmark refuse such a family otherwise).")
     max_message_chars: int = Field(
         20000, ge=100, description="Longest message (content + tool-call arguments) a teacher episode may "
-        "hold; a longer one fails the gate (a runaway generation or a broken observation).")
+        "hold: an episode with a longer assistant message (a runaway generation) is excluded from the SFT set; "
+        "a longer task or observation fails the gate.")
 
 
 class SFTConfig(Section):

@@ -137,7 +137,13 @@ def monotone_problems(cls: type[Environment], shape: dict[int, list[tuple[dict[s
     spare = {lv: sum(b - n for _, n, b in shape[lv]) / len(shape[lv]) for lv in levels}
     for lo, hi in zip(levels, levels[1:], strict=False):
         if score[hi] > score[lo] + TOLERANCE:
-            out.append(f"level contract: level {hi} is easier than level {lo} (an agent erring on {NOISE:.0%} of its "
+            moved = [a for a in cls.axes if mean_axis[hi][a.name] != mean_axis[lo][a.name]]
+            # the axes that broke it: one that falls with the level, or one documented "more is easier"
+            # that grows; else every axis that moved
+            broke = [a for a in moved if (mean_axis[hi][a.name] < mean_axis[lo][a.name]) != bool(_EASIER.search(a.doc or ""))]
+            named = "; ".join(f"axis '{a.name}' {mean_axis[lo][a.name]:g} at level {lo} -> {mean_axis[hi][a.name]:g} at "
+                              f"level {hi}" for a in (broke or moved)) or "no axis moved"
+            out.append(f"level contract ({named}): level {hi} is easier than level {lo} (an agent erring on {NOISE:.0%} of its "
                        f"turns succeeds {score[hi]:.0%} vs {score[lo]:.0%}; oracle calls {calls[lo]:.1f} -> "
                        f"{calls[hi]:.1f}, spare turns {spare[lo]:.1f} -> {spare[hi]:.1f}): every axis is low + level, "
                        "so each must be harder when larger (a longer solution, fewer spare turns)")
@@ -261,3 +267,41 @@ def check_family(family: str, levels: Sequence[int] = (0, 1, 2), seeds: int = 3,
         echo("    " + json.dumps(s, sort_keys=True))
     echo(f"{family}: {'OK' if not failures else f'{len(failures)} problem(s)'}")
     return failures
+
+
+def level_shape(cls: type[Environment], levels: Sequence[int] = (0, 1, 2), seeds: int = 2
+                ) -> dict[int, list[tuple[dict[str, int], int, int]]]:
+    """Per level, (difficulty, oracle calls, turn budget) of the specs ``generate`` makes: what
+    :func:`monotone_problems` judges. Builds each spec once and plays nothing, so it is cheap."""
+    shape: dict[int, list[tuple[dict[str, int], int, int]]] = {}
+    for level in levels:
+        for seed in range(seeds):
+            try:
+                spec = cls.generate(seed, level)
+                env = cls()
+                env.reset(spec=spec)
+                shape.setdefault(level, []).append((dict(spec.difficulty), len(env.oracle()), int(env.turn_budget())))
+            except Exception:  # noqa: BLE001 - a family that cannot generate fails check-env itself
+                continue
+    return shape
+
+
+_REFUSED: dict[str, list[str]] = {}
+
+
+def require_level_contract(families: Sequence[str], allowed: Sequence[str] = ()) -> None:
+    """Refuse to synthesize problems of a family whose levels break the level contract (the check
+    ``check-env`` makes), naming the axis and the values that break it, unless the family is listed
+    in ``allowed`` (``validate.allow_non_monotone``: the user's explicit override). Cached per family."""
+    bad = []
+    for family in families:
+        cls = resolve(family)
+        if cls.family in allowed or family in allowed:
+            continue
+        if cls.family not in _REFUSED:
+            _REFUSED[cls.family] = monotone_problems(cls, level_shape(cls))
+        bad += [f"{cls.family}: {p}" for p in _REFUSED[cls.family]]
+    if bad:
+        raise ValueError("check-env rejects these families (a higher level must never be easier):\n  "
+                         + "\n  ".join(bad) + "\nfix the family, or list it in validate.allow_non_monotone "
+                         "to use it anyway")

@@ -138,9 +138,14 @@ EPISODE_CHECKS: dict[str, tuple[str, str]] = {
     "replay": ("fail", "every tool observation and the recorded success are what the environment gives"),
     "reward": ("fail", "the reward is the replayed reward, and success is exactly reward 1.0"),
     "after_end": ("exclude", "no call of the last turn is left without a result because the episode had ended"),
-    "grounding": ("exclude", "every call uses only what earlier observations showed (the environment judges)"),
-    "privileged": ("exclude", "no assistant turn states the oracle plan or a hidden answer before it was shown"),
+    "grounding": ("exclude", "every argument of every call uses only what earlier observations showed: no secret "
+                             "of the problem before it was observable (apprentice.gate.secrets), and what the "
+                             "environment's own check allows (Environment.ungrounded)"),
+    "privileged": ("exclude", "no assistant turn states a secret value, a run of the oracle's route or the oracle "
+                              "plan before it was shown (values derived by arithmetic on seen numbers are not secret)"),
     "hygiene": ("exclude", "no control character, ANSI escape, NUL, lone surrogate or mojibake in any message"),
+    "markup": ("exclude", "no message content holds a control token of the chat template in use or its tool-call / "
+                          "tool-result markup (apprentice.gate.protocol)"),
 }
 
 #: C0/C1 controls but tab, newline, carriage return; DEL; bidi overrides; zero-width and BOM;
@@ -223,32 +228,51 @@ def _norm(s: str) -> str:
     return " ".join(str(s).casefold().split())
 
 
-def _secrets(plan: Sequence[Any]) -> list[str]:
-    """The oracle plan's string arguments worth hiding (4+ characters, or 3 with a digit), normalised."""
-    out = []
-    for call in plan:
-        for v in dict(call.arguments).values():
-            s = _norm(v) if isinstance(v, str) else ""
-            if len(s) >= 4 or (len(s) == 3 and any(ch.isdigit() for ch in s)):
-                out.append(s)
-    return list(dict.fromkeys(out))
-
-
 #: the keys a chat message has (OpenAI / HF shape); any other key's name is scanned like its text
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "name", "tool_call_id", "reasoning_content", "refusal"})
 _ORACLE_WORDS = re.compile(r"oracle[ _-]?plan|privileged (plan|context|solution)|hidden answer", re.I)
 
 
-def _privileged(m: Mapping[str, Any], i: int, secrets: Sequence[str], seen: str) -> str:
-    """An assistant message that states an oracle value not shown yet, or names the oracle's plan."""
+def _assistant_text(m: Mapping[str, Any]) -> str:
+    """Everything an assistant message says besides its calls (content, reasoning, stray keys)."""
     rest = {k: v for k, v in m.items() if k not in ("tool_calls", "role")}
-    text = " ".join([*(str(k) for k in rest if k not in _MESSAGE_KEYS), *(s for _, s in _strings(rest))])
+    return " ".join([*(str(k) for k in rest if k not in _MESSAGE_KEYS), *(s for _, s in _strings(rest))])
+
+
+def _privileged(m: Mapping[str, Any], i: int, know: Any) -> str:
+    """An assistant message that states a secret value or a run of the oracle's route before any
+    observation showed it, or names the oracle's plan (:mod:`apprentice.gate.secrets`)."""
+    text = _assistant_text(m)
     if hit := _ORACLE_WORDS.search(text):
         return f"message {i + 1} (assistant) mentions {hit.group()!r}"
-    low, seen_n = _norm(text), _norm(seen)
-    for s in secrets:
-        if s not in seen_n and re.search(rf"(?<!\w){re.escape(s)}(?!\w)", low):
-            return f"message {i + 1} (assistant) states {s!r} (from the oracle's plan) before any observation showed it"
+    know.derive(text)
+    if s := know.stated(text):
+        return f"message {i + 1} (assistant) states {s!r} (from the oracle's plan) before any observation showed it"
+    if r := know.route(text):
+        return f"message {i + 1} (assistant) states the {r} (from the oracle's plan) before any observation showed it"
+    return ""
+
+
+def _markup(msgs: Sequence[Any], markers: Sequence[str]) -> str:
+    """The first message whose content (text, call names or arguments) holds a control token of the
+    chat template in use or its tool-call / tool-result markup: rendered for training, it would
+    teach the model to forge a tool result or another turn."""
+    if not markers:
+        return ""
+    for i, m in enumerate(msgs):
+        if not isinstance(m, Mapping):
+            continue
+        fields = {k: v for k, v in m.items() if k not in ("role", "tool_call_id")}
+        for where, text in _strings(fields):
+            if where.endswith("arguments") and text.strip().startswith("{"):
+                try:
+                    inner = [t for _, t in _strings(json.loads(text))]
+                except ValueError:
+                    inner = []
+                text = " ".join([text, *inner])
+            hits = [(text.find(mark), -len(mark), mark) for mark in markers if mark in text]
+            if hits:  # the first marker in reading order
+                return f"message {i + 1} ({_role(m)}) {where} holds the chat template's {min(hits)[2]!r}"
     return ""
 
 
@@ -317,14 +341,19 @@ def audit_episode(spec: Any, messages: Any, tools: Any, success: Any = None, rew
     """Every :data:`EPISODE_CHECKS` finding of one teacher episode: check -> first problem ("" = none).
 
     Never raises: a spec the environment cannot build, or an environment that raises while replaying,
-    is a finding of its own."""
+    is a finding of its own. The markup check uses the protocol markers in use
+    (:func:`apprentice.gate.protocol.markers`)."""
+    from apprentice.gate.protocol import markers
+
     return dict(_audit(_as_json(spec), _as_json(messages), _as_json(tools), _flag(success), _number(reward),
-                       None if family is None else str(family), None if difficulty is None else _as_json(difficulty)))
+                       None if family is None else str(family), None if difficulty is None else _as_json(difficulty),
+                       markers()))
 
 
 @functools.lru_cache(maxsize=8192)
 def _audit(spec_json: str, messages: str, tools: str, success: bool | None, reward: float | None,
-           family: str | None, difficulty: str | None) -> tuple[tuple[str, str], ...]:
+           family: str | None, difficulty: str | None,
+           protocol: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     out = dict.fromkeys(EPISODE_CHECKS, "")
     try:
         msgs = _loads(messages)
@@ -334,6 +363,7 @@ def _audit(spec_json: str, messages: str, tools: str, success: bool | None, rewa
         out["protocol"] = "the messages are not a JSON list of message objects"
         return tuple(out.items())
     out["hygiene"] = _hygiene(msgs)
+    out["markup"] = _markup(msgs, protocol)
     if reward is None:
         out["reward"] = "the reward is not a finite number"
     elif success is not None and success != (reward >= 1.0):
@@ -366,6 +396,7 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
           reward: float | None) -> dict[str, str]:
     """Replay ``msgs`` in a fresh environment the way the rollout engine records an episode."""
     from apprentice.envs.base import ToolCall
+    from apprentice.gate.secrets import Knowledge, plan_calls
 
     found: dict[str, str] = {}
 
@@ -387,7 +418,18 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
                                  f"({_short(str(msgs[1].get('content')), 60)!r} vs {_short(task, 60)!r})")
             return found
         seen = "\n".join([env.system_prompt, tools, task])
-        secrets = _secrets(plan)
+
+        env_cls = type(env)
+
+        def observe_plan() -> str:  # what the oracle's own path shows: the values the problem hides
+            other = env_cls()
+            try:
+                other.reset(spec=spec)
+                return "\n".join(other.execute(c) for c in plan)
+            finally:
+                del other
+
+        know = Knowledge(seen, plan_calls(plan), observe_plan)
         ended_at = 0
         i = 2
         while i < n:
@@ -401,7 +443,7 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
                         "user": "a user turn that follows no reply without a tool call"}.get(str(role), f"role {role!r}")
                 note("protocol" if role != "system" else "env_messages", f"message {i + 1} is {what}")
                 return found
-            if p := _privileged(m, i, secrets, seen):
+            if p := _privileged(m, i, know):
                 note("privileged", p)
             raw_calls = m.get("tool_calls") or []
             if not isinstance(raw_calls, list):
@@ -420,6 +462,7 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
                                              "the rollout gives after a reply without a tool call")
                         return found
                     seen += "\n" + text
+                    know.show(text)
                 i += 2
                 continue
             j = i + 1
@@ -457,6 +500,9 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
                                      "JSON object (the rollout records such a reply as a parse error, not a call)")
                     return found
                 call = ToolCall(name, dict(args))
+                if hidden := know.unseen_in(dict(args)):
+                    note("grounding", f"message {i + 1}: call {k + 1} ({name}) uses {hidden[0]!r}, a value of the "
+                                      "problem no earlier observation showed")
                 if name in names and (g := env.ungrounded(call, seen)):
                     note("grounding", f"message {i + 1}: {g}")
                 try:
@@ -468,6 +514,7 @@ def _walk(spec: Any, msgs: list[Mapping[str, Any]], tools: str, success: bool | 
                                    f"({_short(str(res.get('content')), 60)!r} vs {_short(str(obs), 60)!r})")
                     return found
                 seen += "\n" + str(obs)
+                know.show(str(obs))
                 j += 1
             if env.done:
                 ended_at = j
@@ -498,6 +545,9 @@ def _call_problem(messages: Any, tools: Any) -> str:
                 return f"invalid tool call: message {i + 1} is an error observation ({_short(m.get('content'), 80)})"
             for call in m.get("tool_calls") or []:
                 fn = call.get("function", call)
+                if isinstance(fn.get("arguments"), str):  # the OpenAI wire format, not what templates render
+                    return (f"invalid tool call: message {i + 1} stores the arguments of {fn.get('name')!r} as a JSON "
+                            "string, not an object (the chat template would encode them twice)")
                 try:
                     args = _loads(fn.get("arguments", {}))
                 except ValueError:
@@ -515,7 +565,8 @@ def _call_problem(messages: Any, tools: Any) -> str:
 #: how a finding of each check reads in the SFT exclusion list (the text before ':' is its kind)
 CHECK_LABELS = {"spec": "invalid spec", "env_messages": "environment messages differ", "protocol": "protocol violation",
                 "replay": "replay disagrees", "reward": "reward inconsistent", "after_end": "call after the end",
-                "grounding": "ungrounded action", "privileged": "privileged information", "hygiene": "text hygiene"}
+                "grounding": "ungrounded action", "privileged": "privileged information", "hygiene": "text hygiene",
+                "markup": "protocol markup in content"}
 
 
 def episode_rejections(df: pd.DataFrame, success_only: bool, max_message_chars: int) -> list[dict[str, Any]]:

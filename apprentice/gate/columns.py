@@ -154,12 +154,17 @@ def _task_key(series: pd.Series, spec: Mapping[str, Any], df: pd.DataFrame) -> p
 
 
 def _message_lengths_ok(series: pd.Series, spec: Mapping[str, Any], df: pd.DataFrame) -> pd.Series:
-    """Every message's content (and tool-call arguments) is at most ``max_chars`` characters."""
+    """Every message's content (and tool-call arguments) is at most ``max_chars`` characters.
+
+    ``"skip_roles": ["assistant"]`` leaves those roles' messages out: a runaway generation is
+    something an honest teacher produces, so the teacher table tolerates it and the SFT selection
+    excludes and names that episode, while an over-long task or observation still fails."""
     cap = int(spec["max_chars"])
+    skip = set(spec.get("skip_roles") or ())
 
     def ok(messages: Any) -> bool:
         try:
-            return all(_message_chars(m) <= cap for m in _loads(messages))
+            return all(_message_chars(m) <= cap for m in _loads(messages) if m.get("role") not in skip)
         except (ValueError, TypeError, AttributeError):
             return False
 

@@ -18,10 +18,17 @@ are handled per request, so one unlucky request never costs the batch:
 * another 4xx (400, 413, 422: this request is wrong, e.g. too long): that turn fails at once;
 * permanent (401/403: the key; 404: the URL or model name) and the circuit breaker:
   :class:`~apprentice.policies.base.PolicyUnavailable` is raised and the rollout stops. The breaker
-  opens after ``circuit_breaker`` *consecutive* connection failures or timeouts across all requests
-  (any answer from the server resets the count), so nothing listening, or a server that accepts and
-  never answers, is one clear error after about ``timeout x circuit_breaker / concurrency`` seconds,
-  not after every problem has spent its retries. Threads sleeping in a backoff wake up when it opens.
+  (:class:`CircuitBreaker`) opens after ``circuit_breaker`` refused connections in a row (nothing
+  listening: one clear error at once), or when timeouts have gone on, unanswered, for as long as one
+  request's retries take (a slow start, or one wave of concurrent timeouts, does not open it; a
+  server that never answers does, not after every problem has spent its retries). Threads sleeping
+  in a backoff wake up when it opens.
+
+Every request has a total deadline of ``timeout`` seconds (connect, headers and body together: a
+body that trickles in a byte at a time cannot hold a rollout), and a reply over ``max_reply_bytes``
+is not read on (that turn fails, naming the limit). The key is scrubbed from every reply before
+anything reads it, so a server that echoes it into a message cannot get it into a table, and from
+every error and log line.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import logging
 import os
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -60,6 +68,10 @@ class EndpointUnavailable(PolicyHTTPError, PolicyUnavailable):
     """The endpoint cannot serve any request (a permanent status, or the circuit breaker opened)."""
 
 
+class _Deadline(Exception):
+    """A request ran past its total deadline (internal)."""
+
+
 class _Transient(Exception):
     """A failure worth retrying (internal; its message is already redacted)."""
 
@@ -84,26 +96,42 @@ def retry_after_s(header: str | None) -> float | None:
 
 
 class CircuitBreaker:
-    """Counts consecutive connection failures/timeouts across every request of one client; opens at
-    ``limit``. Opening sets :attr:`opened`, an event the backoff sleeps wait on, so they stop at once."""
+    """Decides that an endpoint is down, across every request of one client. Opening sets
+    :attr:`opened`, an event the backoff sleeps wait on, so they stop at once.
 
-    def __init__(self, limit: int) -> None:
+    Two kinds of evidence, because they mean different things. A refused connection is proof that
+    nothing listens: ``limit`` of them in a row open the breaker at once. A timeout only says the
+    server is slow, and one wave of concurrent requests times out together: timeouts open it only when
+    the failures have lasted ``window_s`` (the time one request needs to spend all its retries) with no
+    answer in between and number at least ``limit``. So a slow start (the first requests time out,
+    then the server answers) never opens it, and a server that never answers opens it after about one
+    request's retry span, not after every problem has spent its own. Any answer resets both counts."""
+
+    def __init__(self, limit: int, window_s: float = 0.0) -> None:
         self.limit = max(1, int(limit))
+        self.window_s = max(0.0, float(window_s))
         self.opened = threading.Event()
         self.reason = ""
-        self._count = 0
+        self._refused = 0
+        self._failures = 0
+        self._since: float | None = None
         self._lock = threading.Lock()
 
-    def failure(self, what: str) -> None:
+    def failure(self, what: str, refused: bool = False, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         with self._lock:
-            self._count += 1
-            if self._count >= self.limit and not self.opened.is_set():
+            self._failures += 1
+            self._since = now if self._since is None else self._since
+            self._refused = self._refused + 1 if refused else 0
+            slow = self._failures >= self.limit and now - self._since >= self.window_s
+            if (self._refused >= self.limit or slow) and not self.opened.is_set():
                 self.reason = what
                 self.opened.set()
 
     def success(self) -> None:
         with self._lock:
-            self._count = 0
+            self._refused = self._failures = 0
+            self._since = None
 
 
 def to_openai_messages(conversation: list[Message]) -> list[dict[str, Any]]:
@@ -183,6 +211,7 @@ class OpenAICompatiblePolicy:
         backoff_s: float = 0.5,
         policy_id: str | None = None,
         circuit_breaker: int = 8,
+        max_reply_bytes: int = 2_000_000,
     ) -> None:
         if not base_url:
             raise ValueError("OpenAICompatiblePolicy needs base_url, e.g. http://127.0.0.1:8000/v1 "
@@ -193,11 +222,14 @@ class OpenAICompatiblePolicy:
         self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
         self.concurrency = max(1, concurrency)
         self.policy_id = policy_id or f"openai:{model}"
+        self.max_reply_bytes = max(1, int(max_reply_bytes))
         self._key = os.environ.get(api_key_env) or None
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
                                     limits=httpx.Limits(max_connections=max(self.concurrency, 10)))
-        self.breaker = CircuitBreaker(circuit_breaker)
+        # timeouts open the breaker only after one request's whole retry span (attempts + backoffs)
+        span = (max_retries + 1) * timeout + sum(min(30.0, backoff_s * 2 ** a) for a in range(max_retries))
+        self.breaker = CircuitBreaker(circuit_breaker, window_s=span)
 
     def __repr__(self) -> str:  # the key is deliberately absent
         return f"OpenAICompatiblePolicy(base_url={self.base_url!r}, model={self.model!r})"
@@ -207,6 +239,19 @@ class OpenAICompatiblePolicy:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "***") if self._key else text
+
+    def _scrub(self, value: Any) -> Any:
+        """``value`` (a parsed reply) with the key removed from every string and key in it: a server
+        that echoes the credential into a reply must not get it into an episode table."""
+        if not self._key:
+            return value
+        if isinstance(value, str):
+            return self._redact(value)
+        if isinstance(value, dict):
+            return {self._scrub(k): self._scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._scrub(v) for v in value]
+        return value
 
     def act(
         self,
@@ -253,8 +298,9 @@ class OpenAICompatiblePolicy:
 
     def _unavailable(self) -> EndpointUnavailable:
         return EndpointUnavailable(
-            f"{self.base_url} is unavailable: {self.breaker.limit} consecutive connection failures or timeouts "
-            f"(circuit breaker; last: {self.breaker.reason}); start the server or fix rollout.teacher.base_url, "
+            f"{self.base_url} is unavailable: {self.breaker.limit} refused connections in a row, or timeouts with no "
+            f"answer for {self.breaker.window_s:.1f} s (circuit breaker; last: {self.breaker.reason}); start the "
+            "server or fix rollout.teacher.base_url, "
             "or raise rollout.teacher.timeout_s if it is only slow")
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -283,27 +329,72 @@ class OpenAICompatiblePolicy:
         request is wrong) or :class:`EndpointUnavailable` (every request would fail)."""
         url = f"{self.base_url}{path}"
         try:
-            r = self._client.post(path, json=body)
+            status, headers, raw = self._exchange(path, body)
         except httpx.TransportError as e:  # connect/read timeouts, refused, reset, closed mid-answer
             what = self._redact(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
-            self.breaker.failure(what)
+            self.breaker.failure(what, refused=isinstance(e, httpx.ConnectError))
             raise _Transient(what) from None
+        except _Deadline as e:
+            self.breaker.failure(str(e))
+            raise _Transient(str(e)) from None
         self.breaker.success()  # the server answered: it is there
-        snippet = self._redact(" ".join(r.text[:300].split()))
-        if r.status_code < 400:
+        if raw is None:
+            raise PolicyHTTPError(f"{url} sent a reply over rollout.teacher.max_reply_bytes ({self.max_reply_bytes} "
+                                  f"bytes; status {status}); it is not read or stored (not retried)")
+        text = raw.decode("utf-8", errors="replace")
+        snippet = self._redact(" ".join(text[:300].split()))
+        if status < 400:
             try:
-                data = r.json()
+                data = self._scrub(json.loads(text))
                 if not isinstance(data["choices"][0]["message"], dict):  # the shape every caller relies on
                     raise TypeError("message is not an object")
             except (ValueError, KeyError, IndexError, TypeError):
                 # a truncated or HTML body behind a proxy, or a 200 with an error object: transient
-                raise _Transient(f"HTTP {r.status_code} with a body that is not a chat completion: "
+                raise _Transient(f"HTTP {status} with a body that is not a chat completion: "
                                  f"{snippet[:200]!r}") from None
             return data
-        if r.status_code in PERMANENT_STATUS:
-            raise EndpointUnavailable(f"{url} answered {r.status_code}: {snippet} ({PERMANENT_STATUS[r.status_code]}; "
+        if status in PERMANENT_STATUS:
+            raise EndpointUnavailable(f"{url} answered {status}: {snippet} ({PERMANENT_STATUS[status]}; "
                                       "not retried)")
-        if r.status_code not in RETRY_STATUS:
-            raise PolicyHTTPError(f"{url} answered {r.status_code}: {snippet} "
+        if status not in RETRY_STATUS:
+            raise PolicyHTTPError(f"{url} answered {status}: {snippet} "
                                   "(not retried; check the request: model name, max_new_tokens, prompt length)")
-        raise _Transient(f"HTTP {r.status_code}: {snippet}", retry_after_s(r.headers.get("retry-after")))
+        raise _Transient(f"HTTP {status}: {snippet}", retry_after_s(headers.get("retry-after")))
+
+    def _exchange(self, path: str, body: dict[str, Any]) -> tuple[int, httpx.Headers, bytes | None]:
+        """One POST within a total deadline of ``timeout`` seconds (connect, headers and body together:
+        httpx's timeouts bound each read, so a body that trickles in a byte at a time would hold the
+        request forever). The exchange runs on a helper thread that the caller stops waiting for at
+        the deadline; it stops reading at the deadline or at ``max_reply_bytes`` (body None)."""
+        deadline = time.monotonic() + self.timeout
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                with self._client.stream("POST", path, json=body) as r:
+                    size = r.headers.get("content-length", "")
+                    if size.isdigit() and int(size) > self.max_reply_bytes:
+                        box["result"] = (r.status_code, r.headers, None)
+                        return
+                    buf = bytearray()
+                    for chunk in r.iter_bytes():
+                        buf += chunk
+                        if len(buf) > self.max_reply_bytes:
+                            box["result"] = (r.status_code, r.headers, None)
+                            return
+                        if time.monotonic() > deadline:
+                            return
+                    box["result"] = (r.status_code, r.headers, bytes(buf))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=work, daemon=True, name="openai-request").start()
+        if not done.wait(max(0.0, deadline - time.monotonic())) or "result" not in box and "error" not in box:
+            raise _Deadline(f"Timeout: no complete reply within {self.timeout:g} s (connect, headers and body; "
+                            "rollout.teacher.timeout_s)")
+        if "error" in box:
+            raise box["error"]
+        return box["result"]

@@ -27,15 +27,33 @@ _STOPS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
 Message = dict[str, Any]
 
 
-def tool_call(name: str, arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One ``tool_calls`` entry of an assistant message."""
-    return {"type": "function", "function": {"name": name, "arguments": dict(arguments or {})}}
+def canonical_arguments(arguments: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """Call arguments as the one stored form, an object: a JSON string (OpenAI's wire format) is
+    decoded here, where a call enters, so no table holds both forms (a chat template given a string
+    encodes it a second time). Raises ``ValueError`` for a string that is not a JSON object."""
+    if arguments is None:
+        return {}
+    if isinstance(arguments, str):
+        value = json.loads(arguments) if arguments.strip() else {}
+        if not isinstance(value, dict):
+            raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
+        return value
+    if not isinstance(arguments, Mapping):
+        raise ValueError(f"arguments must be an object, got {type(arguments).__name__}")
+    return dict(arguments)
+
+
+def tool_call(name: str, arguments: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
+    """One ``tool_calls`` entry of an assistant message (arguments as an object: :func:`canonical_arguments`)."""
+    return {"type": "function", "function": {"name": name, "arguments": canonical_arguments(arguments)}}
 
 
 def assistant_message(content: str = "", calls: Iterable[Mapping[str, Any]] = ()) -> Message:
-    """An assistant message; ``calls`` are ``{"name", "arguments"}`` dicts or ``tool_call`` entries."""
+    """An assistant message; ``calls`` are ``{"name", "arguments"}`` dicts or ``tool_call`` entries
+    (either way stored in the canonical form)."""
     msg: Message = {"role": "assistant", "content": content}
-    entries = [c if "function" in c else tool_call(c["name"], c.get("arguments")) for c in calls]
+    entries = [tool_call(c["function"]["name"], c["function"].get("arguments")) if "function" in c
+               else tool_call(c["name"], c.get("arguments")) for c in calls]
     if entries:
         msg["tool_calls"] = entries
     return msg

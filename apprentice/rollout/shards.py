@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 #: Parquet metadata key of an episode table's input fingerprint (:func:`fingerprint`).
 FINGERPRINT_KEY = "apprentice_fingerprint"
 
+#: Extra passes over a shard's failed episodes within the same run: a request that spent its retries
+#: on an endpoint that fails now and then (every third request, say) is unlucky, not doomed, so its
+#: episode is played once more, as one batch with the shard's other failures, before it counts as failed.
+REPLAYS = 1
+
 #: Problems per shard: big enough that the engine still batches well, small enough that a crash costs little.
 DEFAULT_SHARD_SIZE = 64
 
@@ -205,22 +210,27 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
                 frames.append(done)
                 reused += 1
                 continue
-            todo = rows[[any((str(p), s) not in have for s in range(samples)) for p in rows["problem_id"]]]
-            try:
-                got = run_chunk(todo, seed + i)
-            except Exception as e:
-                saved = [t for t in _finished_before(e) if (t.problem_id, t.sample_idx) not in have]
-                if saved:  # what finished before the error is kept
-                    done = _flush(path, done, saved)
-                    have |= {(t.problem_id, t.sample_idx) for t in saved}
-                if _stops_everything(e):
-                    raise
-                got = [failed_episode(r, s, policy_id, e) for _, r in todo.iterrows() for s in range(samples)
-                       if (str(r["problem_id"]), s) not in have]
-            ok = [t for t in got if not t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
-            failed += [t for t in got if t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
-            if ok:
-                done = _flush(path, done, ok)
+            for attempt in range(1 + REPLAYS):
+                todo = rows[[any((str(p), s) not in have for s in range(samples)) for p in rows["problem_id"]]]
+                try:
+                    got = run_chunk(todo, seed + i)
+                except Exception as e:
+                    saved = [t for t in _finished_before(e) if (t.problem_id, t.sample_idx) not in have]
+                    if saved:  # what finished before the error is kept
+                        done = _flush(path, done, saved)
+                        have |= {(t.problem_id, t.sample_idx) for t in saved}
+                    if _stops_everything(e):
+                        raise
+                    got = [failed_episode(r, s, policy_id, e) for _, r in todo.iterrows() for s in range(samples)
+                           if (str(r["problem_id"]), s) not in have]
+                ok = [t for t in got if not t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
+                lost = [t for t in got if t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
+                if ok:
+                    done = _flush(path, done, ok)
+                    have |= {(t.problem_id, t.sample_idx) for t in ok}
+                if not lost or attempt == REPLAYS:
+                    failed += lost
+                    break
             if done is not None:
                 frames.append(done)
     finally:

@@ -88,6 +88,8 @@ def require(paths: Paths) -> pd.DataFrame:
 
 
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
+    from apprentice.envs.check import require_level_contract
+    require_level_contract(cfg.benchmark_families, cfg.validate_.allow_non_monotone)
     slots = plan(cfg)
     specs = generate_unique(slots, set(), "benchmark")
     frame = problems_frame(specs, [lv for _, lv, _ in slots], "eval")  # the gates' held-out split

@@ -44,7 +44,10 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
 
         def make_policy() -> Any:
             if not built:
-                built.append(build_policy(pol_cfg, cfg, paths))
+                pol = build_policy(pol_cfg, cfg, paths)
+                if hasattr(pol, "max_reply_bytes"):  # an endpoint: the configured reply cap
+                    pol.max_reply_bytes = pol_cfg.max_reply_bytes
+                built.append(pol)
             return built[0]
 
         def chunk(rows: pd.DataFrame, seed: int) -> list[Any]:

@@ -190,6 +190,8 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     from apprentice.stages import benchmark
 
     held = benchmark.require(paths)
+    from apprentice.envs.check import require_level_contract
+    require_level_contract(cfg.synth.families, cfg.validate_.allow_non_monotone)
     n_train = cfg.synth.n_train
     if cfg.synth.sampler != "none":  # candidates to select from (see select_train)
         n_train = math.ceil(n_train * cfg.synth.oversample)

@@ -2,7 +2,8 @@
 
 Runs the Great Expectations suites (``expectations/``) on the problems, the evaluation problems,
 the teacher trajectories and the SFT set derived from them; writes ``reports/iter_k/gate.html``
-(self-contained) and ``gate.json`` (DVC metrics) whether or not the gate passes, and writes the SFT
+(self-contained) and ``gate.json`` (DVC metrics) whether or not the gate passes (an input table that
+cannot be read, a 0-byte one included, is a failed gate with its report), and writes the SFT
 set (success-only when ``validate.success_only``) only when every suite passes. On a violation it
 raises :class:`apprentice.gate.GateFailed`, so the CLI exits non-zero, ``dvc repro`` stops and
 nothing downstream runs.
@@ -32,10 +33,14 @@ honest rollout record it?
   rollout failures past ``rollout.error_budget``.
 * **exclude from the SFT set, gate passes** (an honest teacher can produce it; training must not):
   not a success, truncated, malformed turns, invalid calls, over-long messages; control characters,
-  ANSI escapes, NUL, lone surrogates or mojibake in any message; an action using what no earlier
-  observation showed (the environment judges: ``Environment.ungrounded``); an assistant turn stating
-  the oracle plan or a hidden answer before it was shown; a call of the terminal turn left without a
-  result; and rows the rollout marked failed under ``rollout.error_budget``.
+  ANSI escapes, NUL, lone surrogates or mojibake in any message; the chat template's control tokens or
+  tool-call / tool-result markup inside any message (derived from the configured tokenizer and
+  template, :mod:`apprentice.gate.protocol`); call arguments stored as a JSON string instead of an
+  object; an argument of any call using a secret of the problem no earlier observation showed
+  (:mod:`apprentice.gate.secrets`, plus ``Environment.ungrounded``); an assistant turn stating a
+  secret value, a run of the oracle's route or the oracle plan before it was shown; a call of the
+  terminal turn left without a result; an over-long assistant message; and rows the rollout marked
+  failed under ``rollout.error_budget``.
 
 The previous ``sft.parquet`` is removed before anything is checked (as ``dvc repro`` does), so a
 failed gate in the plain CLI leaves no SFT set behind; ``gate.json`` records the SHA-256 of the
@@ -121,13 +126,55 @@ def select_sft(teacher: pd.DataFrame, success_only: bool, max_message_chars: int
     return sft, [r for r in per_row if r is not None]
 
 
+def _unreadable(path: Path, paths: Paths, suite: str, error: BaseException) -> gate.GateResult:
+    """A failed result for an input table that cannot be read (missing, 0 bytes, not Parquet)."""
+    what = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    return gate.GateResult(suite, _rel(path, paths), 0, [gate.Check(
+        "table_is_readable_parquet", {"path": _rel(path, paths)}, False, what)])
+
+
+def _read_inputs(paths: Paths) -> list[pd.DataFrame]:
+    """The three input tables; an unreadable one fails the gate with its report written (the stage
+    promises a report whether or not the gate passes, and a 0-byte file is a failed gate, not a crash)."""
+    frames, bad = [], []
+    for path, suite in ((paths.problems, "problems"), (paths.eval_problems, "problems"),
+                        (paths.teacher_trajectories, "trajectories")):
+        try:
+            frames.append(read_parquet(path))
+        except Exception as e:  # noqa: BLE001 - any reader error (pyarrow, OSError) is the same finding
+            bad.append(_unreadable(path, paths, suite, e))
+    if bad:
+        gate.write_reports(bad, paths.gate_html, paths.gate_record, f"Data gate, iteration {paths.iteration}")
+        print("\n".join(r.summary() for r in bad))
+        gate.raise_if_failed(bad, paths.gate_html)
+    return frames
+
+
+def _protocol_markers(cfg: Config, paths: Paths) -> tuple[str, ...]:
+    """The control tokens and tool markup of the tokenizer and chat template the SFT set is rendered
+    with (``model.base``, ``model.chat_template``): no message content may hold them."""
+    from apprentice.gate import protocol
+
+    base = Path(cfg.model.base)
+    base = base if base.is_absolute() else paths.root / base
+    return protocol.markers_for(str(base) if base.is_dir() else "", cfg.model.chat_template)
+
+
+def _crashed(error: BaseException, teacher: pd.DataFrame, paths: Paths, excluded: list[dict[str, Any]]) -> None:
+    """A gate that cannot run on this data still leaves a (failed) report naming why."""
+    what = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    result = gate.GateResult("gate", _rel(paths.teacher_trajectories, paths), len(teacher),
+                             [gate.Check("gate_runs", {}, False, what)])
+    gate.write_reports([result], paths.gate_html, paths.gate_record, f"Data gate, iteration {paths.iteration}",
+                       excluded=excluded)
+
+
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     v = cfg.validate_
     # No SFT set survives a gate run that does not pass (the plain CLI as safe as `dvc repro`).
     paths.sft_data.unlink(missing_ok=True)
-    problems = read_parquet(paths.problems)
-    eval_problems = read_parquet(paths.eval_problems)
-    teacher = read_parquet(paths.teacher_trajectories)
+    problems, eval_problems, teacher = _read_inputs(paths)
+    gate.use_protocol(_protocol_markers(cfg, paths))
     held_out = [eval_problems]  # every held-out set (the benchmark) goes here: training must not repeat it
     eval_ids = sorted({i for df in held_out for i in _ids(df)})
     held_content = sorted({k for df in held_out for k in _content_keys(df)})
@@ -135,7 +182,13 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     eval_families = allowed_families(cfg.benchmark_families)
     held_tasks = sorted({k for df in held_out for k in _task_keys(df)})
 
-    sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
+    html_path, json_path = paths.gate_html, paths.gate_record
+    excluded: list[dict[str, Any]] = []
+    try:
+        sft, excluded = select_sft(teacher, v.success_only, v.max_message_chars)
+    except Exception as err:
+        _crashed(err, teacher, paths, excluded)
+        raise
     # Training data carries no wall-clock timings: a re-run teacher rollout with the same episodes then
     # yields a byte-identical SFT set, and DVC does not retrain SFT for nothing.
     sft = sft.drop(columns=["wall_s"], errors="ignore")
@@ -156,9 +209,12 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
          {"allowed_success": [True] if v.success_only else [True, False], "eval_problem_ids": eval_ids,
           "max_message_chars": v.max_message_chars}),
     ]
-    results = [gate.check(df, suite, params, table=name)
-               for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
-    html_path, json_path = paths.gate_html, paths.gate_record
+    try:
+        results = [gate.check(df, suite, params, table=name)
+                   for suite, df, name, params in tqdm(checks, desc="validate", unit="suite")]
+    except Exception as err:
+        _crashed(err, teacher, paths, excluded)
+        raise
     passed = all(r.success for r in results)
     if passed:
         write_parquet(sft, paths.sft_data)

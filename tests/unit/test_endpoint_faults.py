@@ -94,6 +94,19 @@ class FaultServer:
                     "usage": {"prompt_tokens": 10, "completion_tokens": 3}}).encode()
                 if what == "truncated":
                     return self._send(200, body[: len(body) // 2])
+                if what == "trickle":  # a byte a second: every read is quick, the whole body is not
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    for b in body[:20]:
+                        self.wfile.write(bytes([b]))
+                        self.wfile.flush()
+                        time.sleep(1.0)
+                    return None
+                if what in ("echo", "big"):
+                    msg = json.loads(body)
+                    msg["choices"][0]["message"]["content"] = (f"my key is {srv.key}" if what == "echo" else "x" * 300_000)
+                    body = json.dumps(msg).encode()
                 with srv.lock:
                     srv.answered[task] += 1
                 return self._send(200, body)
@@ -204,7 +217,7 @@ def test_a_problem_failing_every_attempt_is_named_and_alone_replayed(tmp_path, c
     msg = str(exc.value)
     pid = df["problem_id"].iloc[7]
     assert "1 of 12 episodes failed" in msg and f"problem {pid} (family grid" in msg and "HTTP 500" in msg
-    assert srv.seen[doomed] == 3  # its own 1 + 2 retries, no serial replay of the shard
+    assert srv.seen[doomed] == 3 * (1 + shards.REPLAYS)  # 1 + 2 retries per pass, no serial replay of the shard
     assert all(srv.seen[t] == len(plans[t]) for t in tasks if t != doomed)
     lines = [json.loads(x) for x in failures_file(paths.teacher_trajectories).read_text().splitlines()]
     assert [(r["problem_id"], r["family"]) for r in lines] == [(pid, "grid")] and "HTTP 500" in lines[0]["error"]
@@ -257,7 +270,7 @@ def test_a_server_that_never_answers_trips_the_breaker(tmp_path):
         with pytest.raises(PolicyUnavailable, match="circuit breaker.*Timeout"):
             _run(_cfg(srv.url, timeout_s=0.3), paths)
         assert time.monotonic() - t0 < 10
-        assert srv.posts <= 16  # stopped after about one wave, not 24 problems x 4 attempts
+        assert srv.posts <= 8 * 4 + 8  # about one wave's retries, not 24 problems x 4 attempts
     finally:
         srv.close()
 
@@ -305,3 +318,83 @@ def test_cli_marks_permanent_failures_and_prefect_does_not_retry_them(tmp_path):
     assert retryable(None, None, Failed(data=StageFailed("x", 1, "boom")))
     task = _task(pipeline.get("teacher-rollout"))
     assert task.retries == pipeline.ROLLOUT_RETRIES and task.retry_condition_fn is retryable
+
+
+def test_a_trickling_body_is_cut_at_the_total_deadline(tmp_path):
+    paths = Paths(tmp_path)
+    df, plans, tasks = _problems(paths, 4)
+    hits: Counter[str] = Counter()
+
+    def fault(n: int, task: str) -> str | None:
+        hits[task] += 1
+        return "trickle" if task == tasks[0] and hits[task] == 1 else None
+
+    srv = FaultServer(plans, fault)
+    try:
+        t0 = time.monotonic()
+        out = _run(_cfg(srv.url, timeout_s=1.0), paths)
+        wall = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert out["episodes"] == 4 and out["success_rate"] == 1.0
+    assert wall < 8, wall  # the trickle would hold its request for 20 s
+
+
+@pytest.mark.parametrize("mode", ["echo", "big"])
+def test_echoed_keys_are_scrubbed_and_huge_replies_fail_only_their_turn(tmp_path, caplog, mode):
+    paths = Paths(tmp_path)
+    df, plans, tasks = _problems(paths, 4)
+    srv = FaultServer(plans, lambda n, task: mode if task == tasks[1] else None)
+    try:
+        cfg = _cfg(srv.url, max_reply_bytes=100_000, rollout={"error_budget": 0.5})
+        out = _run(cfg, paths)
+    finally:
+        srv.close()
+    table = pd.read_parquet(out["out"])
+    assert len(table) == 4
+    if mode == "echo":
+        assert out["success_rate"] == 1.0 and "my key is ***" in table["messages"].iloc[1]
+    else:
+        assert shards.failed_mask(table).sum() == 1 and "max_reply_bytes" in shards.failures(table)[0]
+    _no_key_anywhere(tmp_path, caplog.text)
+
+
+def test_a_slow_start_does_not_trip_the_breaker(tmp_path):
+    paths = Paths(tmp_path)
+    df, plans, tasks = _problems(paths, 12)
+    start = time.monotonic()
+    srv = FaultServer(plans, lambda n, task: "hang" if time.monotonic() - start < 1.2 else None)
+    try:
+        out = _run(_cfg(srv.url, timeout_s=0.5, batch_size=12), paths)
+    finally:
+        srv.close()
+    assert out["episodes"] == 12 and out["success_rate"] == 1.0
+
+
+def test_flap_every_third_request_finishes_every_episode(tmp_path):
+    paths = Paths(tmp_path)
+    df, plans, tasks = _problems(paths, 12)
+    srv = FaultServer(plans, lambda n, task: "500" if n % 3 == 0 else None)
+    try:
+        out = _run(_cfg(srv.url, timeout_s=2.0), paths)
+    finally:
+        srv.close()
+    assert out["episodes"] == 12 and out["success_rate"] == 1.0
+
+
+@pytest.mark.parametrize(("events", "opens"), [
+    ([(0.0, False)] * 8, False),  # one wave of concurrent timeouts
+    ([(t / 4, False) for t in range(30)], True),  # timeouts for longer than the window
+    ([(0.0, True)] * 8, True),  # nothing listening: refused connections in a row
+    ([(t / 4, False) for t in range(10)] + [(2.6, None)] + [(2.7 + t / 4, False) for t in range(7)], False),
+])
+def test_breaker_counts_failures_over_time(events, opens):
+    from apprentice.policies.openai_compat import CircuitBreaker
+
+    b = CircuitBreaker(8, window_s=4.0)
+    for t, refused in events:
+        if refused is None:
+            b.success()
+        else:
+            b.failure("x", refused=refused, now=t)
+    assert b.opened.is_set() is opens
