@@ -17,7 +17,7 @@ had seen (``-5 * 9 = -45``) counts as seen from then on.
 
 A route is a secret as a sequence: each move word is in the system prompt, but three or more moves
 of the oracle's plan in order, stated before they were made, are privileged unless the latest
-observation's counts explain them (``goal: 2 right, 1 up`` explains ``right, right, up``).
+observation's counts for one target explain them (``goal: 2 right, 1 up`` explains ``right, right, up``).
 """
 
 from __future__ import annotations
@@ -159,11 +159,12 @@ class Knowledge:
             said = [w for w in tokens(text) if w in vocab]
             if len(said) < MIN_ROUTE:
                 continue
-            counts = _stated_counts(self.latest)
+            targets = _stated_counts(self.latest)
             for n in range(len(seq), MIN_ROUTE - 1, -1):
                 for start in range(len(seq) - n + 1):
                     window = seq[start:start + n]
-                    if _contains(said, window) and not all(window.count(v) <= counts.get(v, 0) for v in set(window)):
+                    if _contains(said, window) and not any(all(window.count(v) <= c.get(v, 0) for v in set(window))
+                                                           for c in targets):
                         return f"{tool} route {', '.join(window)}"
         return ""
 
@@ -183,11 +184,18 @@ def _sequences(plan: Sequence[tuple[str, Mapping[str, Any]]], shown: set[str]) -
     return {k: v for k, v in out.items() if k not in bad and len(v) >= MIN_ROUTE}
 
 
-def _stated_counts(text: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for k, word in re.findall(r"(\d+)\s+([^\W\d_]+)", text.casefold()):
-        counts[word] = max(counts.get(word, 0), int(k))
-    return counts
+def _stated_counts(text: str) -> list[dict[str, int]]:
+    """The counts each sentence of an observation states ("key B: 2 left, 3 down." -> left 2, down 3):
+    a route is explained by one target's offsets, not by the largest count of each word over all targets
+    (which would explain a walk to the key, through both doors and on to the goal)."""
+    out = []
+    for sentence in re.split(r"[.;\n]", text.casefold()):
+        counts: dict[str, int] = {}
+        for k, word in re.findall(r"(\d+)\s+([^\W\d_]+)", sentence):
+            counts[word] = max(counts.get(word, 0), int(k))
+        if counts:
+            out.append(counts)
+    return out
 
 
 def _contains(seq: Sequence[str], window: Sequence[str]) -> bool:

@@ -84,7 +84,7 @@ def test_ids_of_every_type_are_secret_until_a_look_up_shows_them(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_whole_route_announced_before_any_observation_is_privileged(seed):
-    spec = FAMILIES["grid"].generate(seed, 5)
+    spec = FAMILIES["grid"].generate(seed, 7)
     steps, plan = _oracle(spec)
     route = ", ".join(c.arguments["direction"] for c in plan if c.name == "move")
     assert "route" in _findings(spec, _oracle(spec, {0: f"I will go {route}."})[0]).get("privileged", "")
