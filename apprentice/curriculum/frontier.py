@@ -198,7 +198,7 @@ def probe_levels(top: int, previous_ceiling: int | None, above: int) -> list[int
     return list(range(hi + 1))
 
 
-def slots(mix_by_family: Mapping[str, Mapping[int | str, int]]) -> list[tuple[str, int]]:
+def slots(mix_by_family: Mapping[str, Mapping[Any, int]]) -> list[tuple[str, int]]:
     """The (family, level) of each problem, families interleaved and each family's levels in order:
     the synthesis plan's slots (the same mix always gives the same order)."""
     queues = {f: [int(lv) for lv, c in sorted(m.items(), key=lambda kv: int(kv[0])) for _ in range(int(c))]

@@ -194,7 +194,7 @@ def collect(paths: Paths, mlflow_runs: Mapping[str, Any] | None = None, git_comm
         "exclusions": exclusions(paths, bool(vcfg.get("success_only", True))),
         "promotion": _json(paths.promotion), "alpha": pcfg.get("alpha"),
         "trend": trend(paths.root, paths.iteration), "dvc": dvc_hashes(paths.root, paths.iteration),
-        "drift": _drift(paths),
+        "drift": _drift(paths), "levels": _levels(paths), "frontier": _decisions(paths),
         "mlflow": _relative_store(dict(mlflow_runs or {}), paths.root), "git_commit": git_commit or "unknown",
     }
 
@@ -425,6 +425,24 @@ def _drift(paths: Paths) -> list[dict[str, Any]]:
         return []
 
 
+def _levels(paths: Paths) -> list[dict[str, Any]]:
+    from apprentice.stages.report import level_history
+
+    try:
+        return level_history(paths)
+    except Exception:  # a malformed evaluation table: the learning table reports it
+        return []
+
+
+def _decisions(paths: Paths) -> list[dict[str, Any]]:
+    from apprentice.stages.report import frontier_history
+
+    try:
+        return frontier_history(paths)
+    except (OSError, ValueError):
+        return []
+
+
 def _drift_section(history: list[dict[str, Any]]) -> str:
     """Drift guards: the champion per iteration, per family, and its action diversity (iterated
     self-improvement can collapse or drift over rounds while the headline success rate holds)."""
@@ -442,6 +460,42 @@ def _drift_section(history: list[dict[str, Any]]) -> str:
     note = ('<p class="muted">Falling action entropy or distinct-action share on the same benchmark, or a family '
             "whose success falls while the total holds, is the collapse / recursive-drift warning.</p>")
     return _table(head, rows) + note + _svg(champion_chart(history))
+
+
+def _heat(v: float | None) -> str:
+    """A cell's background: white at 0, green at 1 (readable without a legend, printable)."""
+    if v is None:
+        return ""
+    return f' style="background:rgb({int(255 - 145 * v)},{int(255 - 55 * v)},{int(255 - 135 * v)})"'
+
+
+def _frontier_section(levels: list[dict[str, Any]], decisions: list[dict[str, Any]]) -> str:
+    """The champion's benchmark success per family x level across iterations (a heatmap), and what the
+    frontier controller decided each iteration (window, ceiling, the synthesis mix)."""
+    if not levels:
+        return _missing("champion evaluations per level", "Each promotion names a champion; its benchmark episodes "
+                        "give the success per family and level.")
+    its = sorted({r["iteration"] for r in levels})
+    cells = {(r["family"], r["level"], r["iteration"]): r for r in levels}
+    rows = []
+    for fam, lv in sorted({(r["family"], r["level"]) for r in levels}):
+        tds = []
+        for j in its:
+            r = cells.get((fam, lv, j))
+            tds.append(f'<td{_heat(r["success"] if r else None)}>'
+                       + (f'{r["successes"]}/{r["n"]}' if r else "") + "</td>")
+        rows.append(f"<tr><td>{_e(fam)}</td><td>{lv}</td>{''.join(tds)}</tr>")
+    head = "".join(f"<th>champion after iteration {j}</th>" for j in its)
+    heat = f"<table><tr><th>family</th><th>level</th>{head}</tr>{''.join(rows)}</table>"
+    if not decisions:
+        return heat
+    drows = [[f"iteration {d['iteration']}", _e(d["family"]),
+              "-" if not d.get("window") else f"{d['window'][0]}-{d['window'][1]}", _e(d.get("ceiling")),
+              _e(", ".join(f"L{k}: {v}" for k, v in sorted(d.get("mix", {}).items(), key=lambda kv: int(kv[0])))),
+              "yes" if d.get("past_range") else ""] for d in decisions]
+    return (heat + "<h3>What the frontier controller decided</h3>"
+            + _table(["iteration", "family", "window", "ceiling", "synthesis mix (level: problems)", "past range"],
+                     drows, left=5))
 
 
 def _lineage(data: dict[str, Any]) -> str:
@@ -482,6 +536,8 @@ def render(data: dict[str, Any]) -> str:
                 ("gate", "Data gate", _gate(data["gate"], data["exclusions"])),
                 ("promotion", "Promotion", _promotion(data["promotion"], data["alpha"])),
                 ("trend", "Champion across iterations", _trend(data["trend"])),
+                ("frontier", "Frontier: the champion per level", _frontier_section(data.get("levels", []),
+                                                                                    data.get("frontier", []))),
                 ("drift", "Drift guards", _drift_section(data.get("drift", []))),
                 ("lineage", "Lineage", _lineage(data))]
     nav = "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t, _ in sections)

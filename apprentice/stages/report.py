@@ -174,6 +174,50 @@ def drift_history(paths: Paths) -> list[dict[str, Any]]:
     return out
 
 
+def level_history(paths: Paths) -> list[dict[str, Any]]:
+    """The champion after each promotion 1..k on the benchmark, per family x level: ``{iteration,
+    family, level, n, successes, success}`` rows (the climb the frontier controller aims at)."""
+    from apprentice.data.trajectories import read_parquet
+
+    out: list[dict[str, Any]] = []
+    levels = _benchmark_levels(paths)
+    for j in range(1, paths.iteration + 1):
+        rec = Paths(paths.root, j).promotion
+        if not rec.exists():
+            continue
+        champ = json.loads(rec.read_text()).get("champion") or {}
+        eps = episodes_of(champ, paths) if champ else None
+        if eps is None or not eps.exists():
+            continue
+        df = read_parquet(eps)
+        df = df.assign(level=[levels.get(str(p), -1) for p in df["problem_id"]]) if "level" not in df.columns else df
+        for (fam, lv), g in df.groupby(["family", "level"]):
+            out.append({"iteration": j, "family": str(fam), "level": int(lv), "n": len(g),
+                        "successes": int(g["success"].astype(bool).sum()),
+                        "success": float(g["success"].astype(bool).mean())})
+    return out
+
+
+def _benchmark_levels(paths: Paths) -> dict[str, int]:
+    from apprentice.data.trajectories import read_parquet
+
+    if not paths.benchmark.exists():
+        return {}
+    b = read_parquet(paths.benchmark)
+    return {str(p): int(lv) for p, lv in zip(b["problem_id"], b["level"], strict=True)}
+
+
+def frontier_history(paths: Paths) -> list[dict[str, Any]]:
+    """Each iteration's frontier decision (``frontier.json``): per family its window, ceiling and mix."""
+    out = []
+    for j in range(1, paths.iteration + 1):
+        rec = Paths(paths.root, j).frontier_record
+        if rec.exists():
+            d = json.loads(rec.read_text())
+            out += [{"iteration": j, "family": f, **v} for f, v in sorted((d.get("families") or {}).items())]
+    return out
+
+
 def champion_chart(history: list[dict[str, Any]]) -> dict[str, Any]:
     """Vega-Lite: the champion's benchmark success per iteration (with its interval) and per family."""
     values = []

@@ -72,6 +72,28 @@ def test_grpo_generate_single_turn_override():
     assert '"max_new_tokens": self.max_completion_length' in init and "self.eos_token_ids = eos_token_ids" in init
 
 
+def test_grpo_dynamic_sampling_override():
+    """DynamicSampling wraps GRPOTrainer._generate_and_score_completions: TRL calls it with the generation
+    batch (each prompt num_generations times in a row), computes the advantages within each group of
+    consecutive rows, and returns the per-row tensors the wrapper merges (prompts left-padded, completions
+    right-padded) with ``num_items_in_batch`` from the completion and tool masks."""
+    from trl import GRPOTrainer
+
+    from apprentice.training.dynamic_sampling import DynamicSampling
+    from apprentice.training.rl import CurriculumGRPOTrainer
+
+    assert _params(GRPOTrainer._generate_and_score_completions) == ["self", "inputs"]
+    assert _calls(GRPOTrainer, "_prepare_inputs", "_generate_and_score_completions")
+    assert CurriculumGRPOTrainer.__mro__.index(DynamicSampling) < CurriculumGRPOTrainer.__mro__.index(GRPOTrainer)
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+                "tool_mask"):
+        assert f'"{key}"' in src, f"TRL's generation batch no longer carries {key!r}"
+    assert "view(-1, num_generations)" in src  # group statistics over consecutive rows
+    assert "loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in src
+    assert 'padding_side="left"' in src or "padding_side='left'" in src or "pad(" in src
+
+
 def test_distillation_generate_single_turn_override():
     """ApprenticeDistillationTrainer._generate_single_turn samples the student through the engine in
     place of TRL's plain ``generate`` path: same arguments, the completion ids as the return."""

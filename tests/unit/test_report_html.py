@@ -88,3 +88,28 @@ def test_report_of_an_empty_iteration_says_what_is_missing(tmp_path):
     assert "No evaluation results yet" in page and "No data-gate result yet" in page
     assert "No promotion decision yet" in page and "No MLflow run ids" in page
     assert "<svg" not in page
+
+
+def test_frontier_section_shows_the_champion_per_level_across_iterations_and_the_decisions(tmp_path):
+    """The heatmap reads each promotion's champion's benchmark episodes per family x level (the
+    champion kept in iteration 2 is iteration 1's model, so its column repeats), and the decision table
+    each iteration's frontier.json."""
+    from apprentice.data.trajectories import write_parquet
+
+    for k, rate in ((1, 0.2), (2, 0.9)):
+        paths = Paths(tmp_path, k)
+        paths.eval_dir.mkdir(parents=True)
+        eps = _episodes(rate, n=40, seed=k)
+        write_parquet(eps, paths.eval_episodes("rl"))
+        paths.reports.mkdir(parents=True)
+        champ = {"kind": "rl", "iteration": 1, "version": 1}
+        (paths.reports / "promotion.json").write_text(json.dumps({"champion": champ, "promoted": k == 1}))
+        (paths.reports / "frontier.json").write_text(json.dumps({"families": {
+            "grid": {"window": [k, k + 1], "ceiling": k + 2, "mix": {str(k): 60, str(k + 2): 20}, "past_range": False}}}))
+    page = report_html.write(Paths(tmp_path, 2)).read_text()
+    section = page[page.index('id="frontier"'):page.index('id="drift"')]
+    first = _episodes(0.2, n=40, seed=1)
+    g1 = first[(first["family"] == "grid") & (first["level"] == 1)]
+    cell = f"{int(g1['success'].sum())}/{len(g1)}"
+    assert section.count(f">{cell}</td>") >= 2  # iteration 1's champion, still champion after iteration 2
+    assert "champion after iteration 2" in section and "L2: 60, L4: 20" in section and ">2-3<" in section
