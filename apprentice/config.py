@@ -368,7 +368,8 @@ class EvolveConfig(Section):
 
     generations: int = Field(3, ge=1, description="Generations to evolve beyond generation 0.")
     problems: int = Field(60, ge=1, description="Problems in generation 0 (each later one evolves them all).")
-    families: list[str] = Field(default_factory=lambda: ["store"], description="Families evolved.")
+    families: list[str] = Field(default_factory=list, description="Families evolved (empty = synth.families: "
+                                "evolved problems of a family no iteration trains would feed nothing).")
     operators: list[Literal["horizon", "state", "harness"]] = Field(
         default_factory=lambda: ["horizon", "state", "harness"],  # type: ignore[arg-type]
         description="Directions applied in turn (one per problem per generation, round-robin).")

@@ -269,7 +269,7 @@ STAGES: tuple[Stage, ...] = (
           code=("apprentice/stages/benchmark.py", "apprentice/envs", "apprentice/data/trajectories.py",
                 "apprentice/curriculum/difficulty.py", "apprentice/curriculum"),
           io=_synth, builds_envs=True),
-    Stage("evolve", "apprentice.stages.evolve", params=("curriculum.evolve",),
+    Stage("evolve", "apprentice.stages.evolve", params=("curriculum.evolve", "synth.families"),
           code=("apprentice/envs", "apprentice/data/trajectories.py"), io=_evolve, builds_envs=True,
           results=lambda p: [p.evolve_record], needed=_evolve_read),
     Stage("teacher-rollout", "apprentice.stages.rollout", params=("rollout", "pipeline.seed"),

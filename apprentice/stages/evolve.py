@@ -52,7 +52,7 @@ def _gen0(cfg: Config, paths: Paths) -> list:
         if last.exists():
             return [s.__class__(s.family, s.seed, s.difficulty, 0, {**s.extra, "from_iter": prev.iteration})
                     for s in specs_of(read_parquet(last))]
-    return seed_generation(ev.families, ev.problems, derive_seed(ev.seed, "iter", paths.iteration))
+    return seed_generation(ev.families or cfg.synth.families, ev.problems, derive_seed(ev.seed, "iter", paths.iteration))
 
 
 def measure(specs: list, generation: int, ops: list[str | None], epsilon: float, samples: int,
