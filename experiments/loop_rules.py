@@ -1,8 +1,11 @@
-"""Compare the loop rules (``loop.rule``) by the champion they leave, one ``dvc exp run`` each.
+"""Compare the loop rules (``loop.rule``), or the values of any one param, by the champion they leave,
+one ``dvc exp run`` each.
 
     .venv/bin/python experiments/loop_rules.py --profile default --workdir /tmp/loop-rules --iterations 2
     .venv/bin/python experiments/loop_rules.py --profile quick   --workdir /tmp/loop-rules-quick
     .venv/bin/python experiments/loop_rules.py --pipe /tmp/run    # a finished `make run` clone: iteration 1 reused
+    # the frontier controller against fixed levels, on a finished `make run PROFILE=long` (runs/long):
+    .venv/bin/python experiments/loop_rules.py --pipe runs/long --iterations 4 --param frontier.mode --values frontier fixed
 
 What it does, all through DVC (nothing here trains or evaluates by itself):
   1. a throwaway clone of HEAD (``experiments/sampler_sweep.py::prepare``: ``dvc exp`` rewrites params.yaml
@@ -10,7 +13,8 @@ What it does, all through DVC (nothing here trains or evaluates by itself):
      generated dvc.yaml declares that many; default 2);
   2. per rule, the MLflow registry rewound to what iteration 1 left (``lineage.rewind``: the rules
      share one workspace and so one registry; without it promote-2 of the second rule would meet
-     the first rule's champion), then ``dvc exp run -n loop-<rule> -S loop.rule=<rule> report-<K>``:
+     the first rule's champion), then ``dvc exp run -n loop-<rule> -S loop.rule=<rule> report-<K>``
+     (``--param``/``--values``: ``-S <param>=<value>`` instead):
      the same seeds everywhere (pipeline/synth/benchmark/rollout/SFT/RL seeds untouched), so
      iteration 1 is identical and cached after the first rule; every later iteration reruns from
      loop-data on;
@@ -113,19 +117,23 @@ def main() -> None:
                                                  "iteration 1 ran: reused, its registry rewound per rule")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
+    ap.add_argument("--param", default="loop.rule", help="the param the runs differ in (default: the loop rule)")
+    ap.add_argument("--values", nargs="+", help="its values (default: --rules)")
     ap.add_argument("--table", type=Path, help="also write the Markdown table here")
     a = ap.parse_args()
     env = {**os.environ, "APPRENTICE_QUIET": "1", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # dvc runs `python -m apprentice`
     pipe = a.pipe.resolve() if a.pipe else prepare(a.workdir, a.profile, env)
     results: dict[str, tuple[list[dict], float]] = {}
-    for rule in a.rules:
+    values = a.values or a.rules
+    for rule in values:
+        name = f"loop-{rule}" if a.param == "loop.rule" else f"{a.param.rsplit('.', 1)[-1]}-{rule}"
         t0 = time.time()
         if gone := rewind_registry(pipe, 1):
             print(f"registry rewound to iteration 1: versions {', '.join(gone)} deleted", flush=True)
-        subprocess.run([sys.executable, "-m", "dvc", "exp", "remove", f"loop-{rule}"], cwd=pipe, env=env,
+        subprocess.run([sys.executable, "-m", "dvc", "exp", "remove", name], cwd=pipe, env=env,
                        capture_output=True)  # a rerun of this script replaces its experiments
-        sh([sys.executable, "-m", "dvc", "exp", "run", "-n", f"loop-{rule}", "-S", f"loop.rule={rule}",
+        sh([sys.executable, "-m", "dvc", "exp", "run", "-n", name, "-S", f"{a.param}={rule}",
             f"report-{a.iterations}"], pipe, env)
         results[rule] = (champion_rows(pipe, a.iterations), time.time() - t0)
         print(table({rule: results[rule]}), flush=True)
