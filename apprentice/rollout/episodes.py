@@ -183,7 +183,7 @@ def run_episodes(
     replayed start left (training masks them).
     ``on_finish(trajectory)`` is called once per episode as soon as it finishes (failed episodes, with
     ``extra.error``, included; an episode a replayed start already finished, before the first round),
-    with the same Trajectory the returned list holds; an exception it raises ends the run.
+    with a Trajectory equal to the one the returned list holds; an exception it raises ends the run.
     ``skip``: (problem_id, sample index) pairs not to play (a caller resuming a killed run already has
     them); the other samples of those problems keep their sample index. They are absent from the result.
     Results are ordered by (spec, sample index).

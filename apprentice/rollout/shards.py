@@ -26,9 +26,9 @@ little more. A rerun folds the journal into the shard file before the shard runs
 episodes in neither; a journal whose first line names another fingerprint or shard is ignored, and a
 last line cut short by the kill is dropped. ``run_chunk`` takes the callback as an ``on_finish``
 keyword and the episodes it must not replay as ``skip`` (the engine's own keywords: a stage's
-``run_chunk`` passes them through); one that does not accept them is saved at shard granularity and
-replays every sample of a problem with any sample missing, as a Ray run is saved (its actors hand
-episodes back only when their run returns).
+``run_chunk`` passes them through). A ``run_chunk`` that does not accept them is saved at shard
+granularity and replays every sample of a problem with any sample missing; a Ray run journals its
+episodes only when its actors hand them back, at the end of its run.
 
 The fingerprint in the shard folder's name is what determines an episode (problems, model, sampling,
 code), not how answers are fetched (URL, timeout, retries): a rerun with more retries resumes.
@@ -36,9 +36,11 @@ Each shard seeds the engine with ``seed + shard index``, so shards are reproduci
 
 Which episodes a resumed run reproduces exactly: an episode's environment is built from its own
 spec (``ProblemSpec.rng``), never from a shared RNG, and the rows a rerun plays are the missing
-ones, seeded as their shard was. Deterministic policies (the oracle, greedy decoding, an endpoint at
+ones, seeded as their shard was. Deterministic policies (the oracle, a deterministic endpoint at
 temperature 0) therefore give the same episodes, so the resumed table equals an uninterrupted run's
-byte for byte. A *sampling* local model does not: it draws a whole batch's tokens from one generator
+byte for byte; so does a local model's greedy decoding as far as its kernels give a row the same
+logits whatever rows share its batch (left padding can change the rounding). A *sampling* local
+model does not: it draws a whole batch's tokens from one generator
 per ``act`` call (``seed`` + its call count), so an episode's tokens depend on which episodes shared
 its batches and on the calls before; a resumed (or replayed) episode is a fresh sample from the same
 policy, as a failed episode's replay always was.
@@ -255,7 +257,7 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[..., list[Trajectory
                 frames.append(done)
                 reused += 1
                 continue
-            journal = _Journal(jpath, fingerprint, i, want) if journals else None
+            journal = _Journal(jpath, fingerprint, i, want - have) if journals else None
             try:
                 done = _run_shard(run_chunk, rows, seed + i, samples, policy_id, path, done, have, failed, journal)
             finally:
