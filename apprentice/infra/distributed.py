@@ -22,6 +22,11 @@ byte-identical to ``local``.
 * ``ray.address`` unreachable: one :class:`RayUnavailable` error within ``connect_timeout_s``,
   naming the address and the fix (instead of Ray's minute-long connection retries).
 
+``on_finish`` (a callback per finished episode, :func:`apprentice.rollout.episodes.run_episodes`):
+``local`` calls it the moment each episode finishes; ``ray`` keeps shard granularity, calling it for
+each episode once the whole run has returned (an actor's process cannot call back into the driver's
+open files), so a killed driver loses the episodes of that run.
+
 Sampling seeds: shard ``i`` runs with ``seed + i``, so a rerun shard and a rerun with the same
 worker count reproduce the same episodes; greedy decoding ignores the seed.
 """
@@ -33,7 +38,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -64,20 +69,27 @@ def run_episodes(
     levels: Sequence[int] | Mapping[str, int] | None = None,
     progress: bool = True,
     seed: int = 0,
+    on_finish: Callable[[Trajectory], None] | None = None,
     **engine_kwargs: Any,
 ) -> list[Trajectory]:
     """:func:`apprentice.rollout.episodes.run_episodes` on ``engine``; ``policy`` is a Policy or a zero-argument
     factory returning one (a factory lets each Ray actor build its own replica instead of shipping a
-    built one). ``engine_kwargs`` go to the engine unchanged (samples_per_problem, batch_size, ...)."""
+    built one). ``engine_kwargs`` go to the engine unchanged (samples_per_problem, batch_size, ...).
+    ``on_finish`` gets each finished episode: as it finishes on ``local``, after the run on ``ray``."""
     if engine not in ENGINES:
         raise ValueError(f"rollout.engine must be one of {ENGINES}, got {engine!r}")
     if engine == "local":
         pol = policy() if _is_factory(policy) else policy
-        return rollout.run_episodes(specs, pol, levels=levels, progress=progress, seed=seed, **engine_kwargs)
+        return rollout.run_episodes(specs, pol, levels=levels, progress=progress, seed=seed, on_finish=on_finish,
+                                    **engine_kwargs)
     from apprentice.config import RayConfig
 
-    return RayRollout(ray or RayConfig()).run(specs, policy, levels=levels, progress=progress, seed=seed,
-                                               **engine_kwargs)
+    out = RayRollout(ray or RayConfig()).run(specs, policy, levels=levels, progress=progress, seed=seed,
+                                              **engine_kwargs)
+    if on_finish is not None:
+        for t in out:
+            on_finish(t)
+    return out
 
 
 def _is_factory(policy: Any) -> bool:

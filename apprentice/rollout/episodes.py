@@ -21,6 +21,11 @@ returns a :class:`~apprentice.policies.base.Turn` with ``error``: only that epis
 plays on. When ``policy.act`` itself raises (an endpoint that is down, a bug), the episodes that had
 already finished are attached to the exception (:func:`finished_before`), so the shard runner keeps
 them instead of replaying them.
+
+``on_finish`` hands each episode over the moment it finishes (in finish order, failed ones
+included), so a caller can put it on disk before the batch ends: a process killed mid-batch then
+loses only the episodes still playing (:mod:`apprentice.rollout.shards` journals them). It changes
+neither the batching nor the results.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +161,8 @@ def run_episodes(
     episode_tokens: int = 0,
     count_tokens: Callable[[str], int] | None = None,
     starts: Sequence[Sequence[Mapping[str, Any]]] | None = None,
+    on_finish: Callable[[Trajectory], None] | None = None,
+    skip: Collection[tuple[str, int]] | None = None,
 ) -> list[Trajectory]:
     """Run ``samples_per_problem`` episodes of every spec with ``policy``; return one Trajectory each.
 
@@ -174,6 +181,11 @@ def run_episodes(
     a failed episode cut at its first error, continued by the teacher). The observations come from
     the replay, not from the caller, and ``extra["context_turns"]`` records how many messages the
     replayed start left (training masks them).
+    ``on_finish(trajectory)`` is called once per episode as soon as it finishes (failed episodes, with
+    ``extra.error``, included; an episode a replayed start already finished, before the first round),
+    with a Trajectory equal to the one the returned list holds; an exception it raises ends the run.
+    ``skip``: (problem_id, sample index) pairs not to play (a caller resuming a killed run already has
+    them); the other samples of those problems keep their sample index. They are absent from the result.
     Results are ordered by (spec, sample index).
     """
     if isinstance(specs, pd.DataFrame):
@@ -204,6 +216,8 @@ def run_episodes(
     episodes: list[_Episode] = []
     for i, (spec, level) in enumerate(zip(specs, lv, strict=True)):
         for k in range(samples_per_problem):
+            if skip and (spec.problem_id, k) in skip:
+                continue
             env = make_env(spec)
             first = env.reset(spec=spec)
             budget = int(env.turn_budget())
@@ -231,6 +245,10 @@ def run_episodes(
     bar = tqdm(total=len(episodes), desc=f"rollout {pid}", unit="ep", disable=not progress, dynamic_ncols=True)
     done = successes = gen_tokens = 0
     try:
+        if on_finish is not None:  # finished by its replayed start: never reaches a round
+            for e in episodes:
+                if e.finished:
+                    on_finish(_trajectory(e, pid))
         while True:
             # Refill: at most batch_size episodes play at once, admitted in queue order; one that finishes
             # hands its row to the next waiting one, so a round's batch stays full until the queue
@@ -265,6 +283,8 @@ def run_episodes(
                     done += 1
                     successes += ep.env.get_reward() >= 1.0
                     bar.update(1)
+                    if on_finish is not None:
+                        on_finish(_trajectory(ep, pid))
             elapsed = max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(success=f"{successes}/{done}", tok_s=f"{gen_tokens / elapsed:.0f}")
     finally:

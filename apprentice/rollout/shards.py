@@ -19,17 +19,45 @@ An error that no problem can get past (``retryable = False``: a rejected key, an
 breaker gave up on) stops the run at once, after saving what finished. The output dir is checked
 writable before any episode runs.
 
+Within a shard, each episode is also appended to the shard's journal (``<shard>.journal.jsonl``) the
+moment it finishes (the engine's ``on_finish``): written and flushed per episode, so a SIGKILL loses
+only the episodes still playing, and fsynced at most :data:`JOURNAL_SYNC_S` later, so a power cut loses
+little more. A rerun folds the journal into the shard file before the shard runs and plays only the
+episodes in neither; a journal whose first line names another fingerprint or shard is ignored, and a
+last line cut short by the kill is dropped. ``run_chunk`` takes the callback as an ``on_finish``
+keyword and the episodes it must not replay as ``skip`` (the engine's own keywords: a stage's
+``run_chunk`` passes them through). A ``run_chunk`` that does not accept them is saved at shard
+granularity and replays every sample of a problem with any sample missing; a Ray run journals its
+episodes only when its actors hand them back, at the end of its run.
+
 The fingerprint in the shard folder's name is what determines an episode (problems, model, sampling,
 code), not how answers are fetched (URL, timeout, retries): a rerun with more retries resumes.
 Each shard seeds the engine with ``seed + shard index``, so shards are reproducible on their own.
+
+Which episodes a resumed run reproduces exactly: an episode's environment is built from its own
+spec (``ProblemSpec.rng``), never from a shared RNG, and the rows a rerun plays are the missing
+ones, seeded as their shard was. Deterministic policies (the oracle, a deterministic endpoint at
+temperature 0) therefore give the same episodes, so the resumed table equals an uninterrupted run's
+byte for byte; so does a local model's greedy decoding as far as its kernels give a row the same
+logits whatever rows share its batch (left padding can change the rounding). A *sampling* local
+model does not: it draws a whole batch's tokens from one generator
+per ``act`` call (``seed`` + its call count), so an episode's tokens depend on which episodes shared
+its batches and on the calls before; a resumed (or replayed) episode is a fresh sample from the same
+policy, as a failed episode's replay always was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import json
+import logging
+import os
 import shutil
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from apprentice import codedeps
-from apprentice.data.trajectories import Trajectory, trajectories_frame, write_parquet
+from apprentice.data.trajectories import TRAJECTORY_COLUMNS, Trajectory, trajectories_frame, write_parquet
 
 if TYPE_CHECKING:
     from apprentice.config import Config, PolicyConfig
@@ -51,8 +79,14 @@ FINGERPRINT_KEY = "apprentice_fingerprint"
 #: episode is played once more, as one batch with the shard's other failures, before it counts as failed.
 REPLAYS = 1
 
-#: Problems per shard: big enough that the engine still batches well, small enough that a crash costs little.
+#: Problems per shard: big enough that the engine still batches well; a crash costs only the episodes
+#: still playing (the journal keeps finished ones), a rerun replays them as one batch.
 DEFAULT_SHARD_SIZE = 64
+
+#: Longest a journaled episode waits for its fsync (episodes finishing close together share one).
+JOURNAL_SYNC_S = 1.0
+
+log = logging.getLogger(__name__)
 
 
 def model_fingerprint(ref: str) -> str:
@@ -172,7 +206,7 @@ def _key(df: pd.DataFrame) -> set[tuple[str, int]]:
     return set(zip(df["problem_id"].astype(str), df["sample_idx"].astype(int), strict=True))
 
 
-def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int], list[Trajectory]], target: Path,
+def run_sharded(problems: pd.DataFrame, run_chunk: Callable[..., list[Trajectory]], target: Path,
                 fingerprint: str, *, samples: int, policy_id: str, shard_size: int = DEFAULT_SHARD_SIZE,
                 error_budget: float = 0.0, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Any]]:
     """All episodes of ``problems`` as one trajectory frame, resuming from flushed shards.
@@ -183,6 +217,11 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
     raises, the episodes that had finished are still flushed; an error that stops everything
     (``retryable = False``: a rejected key, the circuit breaker) is re-raised at once, any other
     marks the shard's unfinished problems failed and the next shard runs.
+
+    ``run_chunk`` may also take the engine's ``on_finish`` and ``skip`` keywords (or ``**kwargs``): it
+    then gets the shard journal's callback, so a kill keeps every episode that had finished, and the
+    episodes already saved, so a rerun plays only the rest, down to the sample (the module docstring
+    says which policies reproduce them exactly).
 
     Returns the frame (ordered as the problems) and counts ``{"shards", "shards_reused", "failed"}``.
     Every failed episode is listed in :func:`apprentice.paths.failures_file` of ``target``. Raises
@@ -199,42 +238,37 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
     reused = 0
     n = len(problems)
     starts = list(range(0, n, max(1, shard_size)))
+    journals = _takes_resume_keywords(run_chunk)
     try:
         for i, start in enumerate(starts):
             rows = problems.iloc[start:start + shard_size]
             path = sdir / f"{i:05d}.parquet"
+            jpath = journal_path(path)
             done = _load(path)
             have = _key(done) if done is not None else set()
             want = {(str(p), s) for p in rows["problem_id"] for s in range(samples)}
+            missing = want - have
+            kept = _unique([t for t in read_journal(jpath, fingerprint, i) if (t.problem_id, t.sample_idx) in missing])
+            if kept:  # what a killed run had finished: into the shard file, then the journal can go
+                done = _flush(path, done, kept)
+                have |= {(t.problem_id, t.sample_idx) for t in kept}
+            jpath.unlink(missing_ok=True)
             if want <= have:
                 frames.append(done)
                 reused += 1
                 continue
-            for attempt in range(1 + REPLAYS):
-                todo = rows[[any((str(p), s) not in have for s in range(samples)) for p in rows["problem_id"]]]
-                try:
-                    got = run_chunk(todo, seed + i)
-                except Exception as e:
-                    saved = [t for t in _finished_before(e) if (t.problem_id, t.sample_idx) not in have]
-                    if saved:  # what finished before the error is kept
-                        done = _flush(path, done, saved)
-                        have |= {(t.problem_id, t.sample_idx) for t in saved}
-                    if _stops_everything(e):
-                        raise
-                    got = [failed_episode(r, s, policy_id, e) for _, r in todo.iterrows() for s in range(samples)
-                           if (str(r["problem_id"]), s) not in have]
-                ok = [t for t in got if not t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
-                lost = [t for t in got if t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
-                if ok:
-                    done = _flush(path, done, ok)
-                    have |= {(t.problem_id, t.sample_idx) for t in ok}
-                if not lost or attempt == REPLAYS:
-                    failed += lost
-                    break
+            journal = _Journal(jpath, fingerprint, i, want - have) if journals else None
+            try:
+                done = _run_shard(run_chunk, rows, seed + i, samples, policy_id, path, done, have, failed, journal)
+            finally:
+                if journal is not None:
+                    journal.close()
+            jpath.unlink(missing_ok=True)  # every finished episode is in the shard file now
             if done is not None:
                 frames.append(done)
     finally:
         _write_failures(failures_file(target), failed)
+
     total = n * samples
     if failed and len(failed) > error_budget * total:
         raise EpisodesFailed(
@@ -251,6 +285,160 @@ def run_sharded(problems: pd.DataFrame, run_chunk: Callable[[pd.DataFrame, int],
     out = out.sort_values(["problem_id", "sample_idx"], key=lambda c: c.map(order) if c.name == "problem_id" else c,
                           kind="stable").reset_index(drop=True)
     return out, {"shards": len(starts), "shards_reused": reused, "failed": len(failed)}
+
+
+def _run_shard(run_chunk: Callable[..., list[Trajectory]], rows: pd.DataFrame, seed: int, samples: int,
+               policy_id: str, path: Path, done: pd.DataFrame | None, have: set[tuple[str, int]],
+               failed: list[Trajectory], journal: _Journal | None) -> pd.DataFrame | None:
+    """Play the shard's missing episodes (one batch per pass, ``1 + REPLAYS`` passes over failures),
+    flush the finished ones to ``path`` and add the failed ones to ``failed``; returns the shard's
+    saved episodes. ``have`` grows with what is saved."""
+    for attempt in range(1 + REPLAYS):
+        todo = rows[[any((str(p), s) not in have for s in range(samples)) for p in rows["problem_id"]]]
+        try:
+            got = (run_chunk(todo, seed) if journal is None else
+                   run_chunk(todo, seed, on_finish=journal.append, skip=frozenset(have)))
+        except Exception as e:
+            saved = [t for t in _finished_before(e) if (t.problem_id, t.sample_idx) not in have]
+            if saved:  # what finished before the error is kept
+                done = _flush(path, done, saved)
+                have |= {(t.problem_id, t.sample_idx) for t in saved}
+            if _stops_everything(e):
+                raise
+            got = [failed_episode(r, s, policy_id, e) for _, r in todo.iterrows() for s in range(samples)
+                   if (str(r["problem_id"]), s) not in have]
+        ok = [t for t in got if not t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
+        lost = [t for t in got if t.extra.get("error") and (t.problem_id, t.sample_idx) not in have]
+        if ok:
+            done = _flush(path, done, ok)
+            have |= {(t.problem_id, t.sample_idx) for t in ok}
+        if not lost or attempt == REPLAYS:
+            failed += lost
+            break
+    return done
+
+
+def _takes_resume_keywords(fn: Callable[..., Any]) -> bool:
+    """Whether ``run_chunk`` accepts the engine's ``on_finish`` and ``skip`` keywords."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return True
+    return {"on_finish", "skip"} <= {p.name for p in params}
+
+
+def _unique(trajs: list[Trajectory]) -> list[Trajectory]:
+    """First of each (problem, sample): a journal never holds one twice, but a hand-edited one might."""
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for t in trajs:
+        if (t.problem_id, t.sample_idx) not in seen:
+            seen.add((t.problem_id, t.sample_idx))
+            out.append(t)
+    return out
+
+
+def journal_path(shard: Path) -> Path:
+    """The journal of the shard file ``shard`` (beside it, in the shard folder)."""
+    return shard.with_name(shard.stem + ".journal.jsonl")
+
+
+class _Journal:
+    """Append-only record of a shard's finished episodes, one JSON line each (``Trajectory.to_row``),
+    after a header line naming the fingerprint and shard. Each line is written and flushed as its
+    episode finishes (a SIGKILL cannot take back what the kernel has); an fsync follows within
+    :data:`JOURNAL_SYNC_S` (a timer thread), so episodes that finish in a burst share one. Failed
+    episodes and episodes of other shards are not recorded: a rerun must play them. A journal that
+    cannot be written (a full disk) is given up with a warning; the shard file still gets every
+    finished episode when the shard's run returns."""
+
+    def __init__(self, path: Path, fingerprint: str, shard: int, want: set[tuple[str, int]]) -> None:
+        self.path, self.want = path, want
+        self.header = json.dumps({"fingerprint": fingerprint, "shard": shard})
+        self.fh: Any = None
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        self.synced = 0.0  # time.monotonic() of the last fsync
+        self.dirty = self.broken = False
+
+    def append(self, t: Trajectory) -> None:
+        if self.broken or t.extra.get("error") or (t.problem_id, t.sample_idx) not in self.want:
+            return
+        line = json.dumps(t.to_row(), sort_keys=True) + "\n"  # ASCII: any text survives the round trip
+        with self.lock:
+            try:
+                if self.fh is None:
+                    self.fh = self.path.open("w", encoding="ascii")
+                    self.fh.write(self.header + "\n")
+                self.fh.write(line)
+                self.fh.flush()
+                self.dirty = True
+                wait = self.synced + JOURNAL_SYNC_S - time.monotonic()
+                if wait <= 0:
+                    self._sync()
+                elif self.timer is None:
+                    self.timer = threading.Timer(wait, self._sync_later)
+                    self.timer.daemon = True
+                    self.timer.start()
+            except OSError as e:
+                self.broken = True
+                log.warning("episode journal %s: %s; this shard's episodes are saved when it ends", self.path, e)
+
+    def _sync(self) -> None:
+        if self.dirty and self.fh is not None:
+            os.fsync(self.fh.fileno())
+        self.dirty, self.synced = False, time.monotonic()
+
+    def _sync_later(self) -> None:
+        with self.lock:
+            self.timer = None
+            if self.fh is not None and not self.fh.closed:
+                with contextlib.suppress(OSError):  # the shard file gets these episodes when the shard ends
+                    self._sync()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if self.fh is not None:
+                with contextlib.suppress(OSError):
+                    self._sync()
+                with contextlib.suppress(OSError):
+                    self.fh.close()
+
+
+def read_journal(path: Path, fingerprint: str, shard: int) -> list[Trajectory]:
+    """The finished episodes a killed run journaled for shard ``shard`` of these inputs, in finish
+    order: none when there is no journal or its header names another fingerprint or shard; a line the
+    kill cut short (no newline, not JSON) is dropped."""
+    try:
+        lines = path.read_bytes().split(b"\n")[:-1]  # whatever follows the last newline is a cut-off write
+    except OSError:
+        return []
+    try:
+        head = json.loads(lines[0].decode("ascii")) if lines else None
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
+        return []
+    if not isinstance(head, dict) or head.get("fingerprint") != fingerprint or head.get("shard") != shard:
+        return []
+    out = []
+    for line in lines[1:]:
+        try:
+            out.append(_from_row(json.loads(line.decode("ascii"))))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return out
+
+
+def _from_row(row: dict[str, Any]) -> Trajectory:
+    """The Trajectory whose ``to_row()`` is ``row`` (the JSON columns decoded)."""
+    fields = {k: row[k] for k in TRAJECTORY_COLUMNS}
+    for k in ("messages", "tools", "extra"):
+        fields[k] = json.loads(fields[k])
+    return Trajectory(**fields)
 
 
 #: failed problems named one per line in an error message; the rest are counted (all are in the file)

@@ -96,8 +96,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
                 built.append(pol)
             return built[0]
 
-        def chunk(rows: Any, seed: int) -> list[Any]:
-            return distributed.run_episodes(rows, make_policy, engine=cfg.rollout.engine, ray=cfg.ray,
+        def chunk(rows: Any, seed: int, **resume: Any) -> list[Any]:  # resume: run_sharded's journal
+            return distributed.run_episodes(rows, make_policy, engine=cfg.rollout.engine, ray=cfg.ray, **resume,
                                 samples_per_problem=ec.samples_per_problem,
                                 batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed,
                                 policy_id=name, max_format_errors=ec.max_format_errors)

@@ -50,8 +50,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
                 built.append(pol)
             return built[0]
 
-        def chunk(rows: pd.DataFrame, seed: int) -> list[Any]:
-            return distributed.run_episodes(rows, make_policy, engine=rc.engine, ray=cfg.ray,
+        def chunk(rows: pd.DataFrame, seed: int, **resume: Any) -> list[Any]:  # resume: run_sharded's journal
+            return distributed.run_episodes(rows, make_policy, engine=rc.engine, ray=cfg.ray, **resume,
                                             samples_per_problem=rc.samples_per_problem, max_turns=rc.max_turns,
                                             batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed)
 

@@ -42,6 +42,20 @@ def test_ray_oracle_rollout_matches_local_in_problem_order(ray_cluster):
     assert [t.problem_id for t in sharded[::2]] == [s.problem_id for s in specs]
 
 
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_on_finish_and_skip_pass_through_either_engine(ray_cluster, engine):
+    """The shard journal's keywords: ``local`` hands episodes over as they finish, ``ray`` once its
+    actors return; both leave out the skipped (already saved) episodes."""
+    specs = _specs(2)
+    full = distributed.run_episodes(specs, OraclePolicy, samples_per_problem=2, progress=False)
+    skip = frozenset({(specs[0].problem_id, 0), (specs[0].problem_id, 1), (specs[3].problem_id, 1)})
+    seen: list = []
+    got = distributed.run_episodes(specs, OraclePolicy, engine=engine, samples_per_problem=2, progress=False,
+                                   ray=RayConfig(workers=2, shards_per_worker=1), on_finish=seen.append, skip=skip)
+    assert _transcript(got) == _transcript([t for t in full if (t.problem_id, t.sample_idx) not in skip])
+    assert sorted(_transcript(seen)) == sorted(_transcript(got))
+
+
 def test_ray_evaluate_stage_writes_the_same_parquet_as_local(ray_cluster, tmp_path, tiny_model_dir):
     """The evaluate stage with a real (tiny, greedy) HF model: episodes and metrics identical."""
     from apprentice.stages import evaluate
