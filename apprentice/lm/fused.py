@@ -103,7 +103,7 @@ class FusedLlama:
 
     # -- forward -----------------------------------------------------------------------------------
     def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 cos/sin of RoPE at positions ``pos`` ([B, T] -> [B, 1, T, head_dim]), from a table grown on demand."""
+        """fp32 cos/sin of RoPE at positions ``pos`` ([B, T] -> [B, T, 1, head_dim]), from a table grown on demand."""
         need = int(pos.max()) + 1
         if self._rope is None or self._rope[0].shape[0] < need:
             n = max(need, 2 * (self._rope[0].shape[0] if self._rope is not None else 1024))
@@ -111,7 +111,7 @@ class FusedLlama:
             emb = torch.cat((freqs, freqs), dim=-1).to(self.device)
             self._rope = (emb.cos(), emb.sin())
         cos, sin = self._rope
-        return cos[pos][:, None], sin[pos][:, None]
+        return cos[pos][:, :, None], sin[pos][:, :, None]
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -145,13 +145,11 @@ class FusedLlama:
             full_mask = allowed[:, None]  # [B, 1, T, end]
         for layer, (keys, values) in zip(self.layers, kv, strict=True):
             h = F.rms_norm(x, (self.hidden,), layer["in_norm"], self.eps).to(self.dtype)
-            qkv = F.linear(h, layer["qkv"])
-            q = qkv[..., : H * D].view(B, T, H, D).transpose(1, 2)
-            k = qkv[..., H * D:(H + K) * D].view(B, T, K, D).transpose(1, 2)
-            v = qkv[..., (H + K) * D:].view(B, T, K, D).transpose(1, 2)
-            q = self._rotate(q, cos, sin).to(self.dtype)
-            keys[:, :, start:end] = self._rotate(k, cos, sin)
-            values[:, :, start:end] = v
+            qkv = F.linear(h, layer["qkv"]).view(B, T, H + 2 * K, D)
+            qk = self._rotate(qkv[:, :, :H + K], cos, sin).to(self.dtype)  # queries and keys in one pass
+            q = qk[:, :, :H].transpose(1, 2)
+            keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
+            values[:, :, start:end] = qkv[:, :, H + K:].transpose(1, 2)
             if T == 1:  # the query heads of one key/value head as that head's rows: no repeated keys
                 qg = q.reshape(B, K, group, D)
                 outs = [F.scaled_dot_product_attention(qg[a:b], keys[a:b, :, s:end], values[a:b, :, s:end],

@@ -5,8 +5,18 @@ re-encodes it from scratch; on a CPU that prefill costs as much as the decoding 
 not help: prefill is compute-bound at batch size 1). This engine keeps, per conversation, the
 keys/values of everything it has encoded and runs only the *new* tokens (the tool observation, then
 the reply); episodes of one environment also share one encoding of their common prefix (system
-prompt + tool schemas). No library keeps a finished request's cache for its next turn on CPU
-(vLLM/SGLang do, on a GPU); transformers' continuous batching (``generate_batch``) keeps none.
+prompt + tool schemas). transformers' continuous batching (``generate_batch``) keeps no cache
+between requests. vLLM's CPU build does (``--enable-prefix-caching`` serves a conversation's next turn
+from the blocks of its last one), but as a server in an environment of its own (it pins an older
+transformers than this project), compiling the model at every start, and without replacing a running
+model's weights on CPU, so it cannot sample from a model that changes every optimizer step (GRPO,
+on-policy distillation). ``bench/engine_peak.py`` measures both against the machine's peak and
+``--vllm-url`` adds a running vLLM server to its table; a local teacher or evaluation can be pointed at
+such a server through the OpenAI-compatible policy.
+
+In bf16 the forward passes run on bf16 copies of the weights with fused projections
+(:mod:`apprentice.lm.fused`, Llama-architecture models), re-made when the weights change
+(:meth:`CachedHFPolicy.sync_weights`); in fp32, and for other architectures, on the transformers model.
 
 Where it departs from ``generate``: a hand-written decode loop over one preallocated ``StaticCache``
 whose buffers are reused from call to call (:class:`_EngineLayer`), from which finished rows leave
@@ -414,7 +424,7 @@ class CachedHFPolicy(HFPolicy):
             return True
         return False
 
-    def _generation_context(self) -> contextlib.AbstractContextManager[None]:
+    def _generation_context(self) -> contextlib.AbstractContextManager[Any]:
         """What a call's forward passes run under: no autograd, and for the transformers model bf16
         autocast (in low precision) and the grouped decode attention; the fused path needs neither."""
         if self._fused is not None:
