@@ -52,7 +52,7 @@ class FusedLlama:
         self.hidden = cfg.hidden_size
         theta = float(cfg.rope_parameters["rope_theta"])
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope: torch.Tensor | None = None
         self._stamp: tuple[tuple[int, int], ...] = ()
         self.copies = 0  # how many times the weights were copied (the first time included)
         self.layers: list[dict[str, torch.Tensor]] = []
@@ -75,13 +75,21 @@ class FusedLlama:
         def cat(*ws: torch.Tensor) -> torch.Tensor:
             return torch.cat([w.detach() for w in ws], 0).to(dt)
 
+        D = self.head_dim
+        # each head's output rows reordered (0, D/2, 1, D/2 + 1, ...): the pairs RoPE rotates together
+        # become adjacent, so the rotation is one complex multiplication (see decoder)
+        pairs = torch.stack([torch.arange(D // 2), torch.arange(D // 2) + D // 2], 1).reshape(-1)
+
+        def paired(w: torch.Tensor) -> torch.Tensor:
+            return w.detach().reshape(-1, D, w.shape[-1])[:, pairs].reshape(w.shape)
+
         with torch.no_grad():
             self.layers = []
             for layer in m.layers:
                 a, mlp = layer.self_attn, layer.mlp
                 self.layers.append({
                     "in_norm": layer.input_layernorm.weight.detach().float(),
-                    "qkv": cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    "qkv": cat(paired(a.q_proj.weight), paired(a.k_proj.weight), a.v_proj.weight),
                     "o": a.o_proj.weight.detach().to(dt),
                     "post_norm": layer.post_attention_layernorm.weight.detach().float(),
                     "gate_up": cat(mlp.gate_proj.weight, mlp.up_proj.weight),
@@ -102,21 +110,15 @@ class FusedLlama:
         return sum(t.numel() * t.element_size() for t in ts)
 
     # -- forward -----------------------------------------------------------------------------------
-    def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 cos/sin of RoPE at positions ``pos`` ([B, T] -> [B, T, 1, head_dim]), from a table grown on demand."""
+    def _rotation(self, pos: torch.Tensor) -> torch.Tensor:
+        """RoPE's rotation at positions ``pos`` as complex fp32 ``cos + i sin`` ([B, T] -> [B, T, 1,
+        head_dim / 2]), from a table grown on demand."""
         need = int(pos.max()) + 1
-        if self._rope is None or self._rope[0].shape[0] < need:
-            n = max(need, 2 * (self._rope[0].shape[0] if self._rope is not None else 1024))
+        if self._rope is None or self._rope.shape[0] < need:
+            n = max(need, 2 * (self._rope.shape[0] if self._rope is not None else 1024))
             freqs = torch.arange(n, dtype=torch.float)[:, None] * self.inv_freq[None, :]
-            emb = torch.cat((freqs, freqs), dim=-1).to(self.device)
-            self._rope = (emb.cos(), emb.sin())
-        cos, sin = self._rope
-        return cos[pos][:, :, None], sin[pos][:, :, None]
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+            self._rope = torch.polar(torch.ones_like(freqs), freqs).to(self.device)
+        return self._rope[pos][:, :, None]
 
     def decoder(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 kv: list[tuple[torch.Tensor, torch.Tensor]], start: int,
@@ -131,7 +133,7 @@ class FusedLlama:
         B, T = input_ids.shape
         end = start + T
         x = F.embedding(input_ids, self.embed).float()
-        cos, sin = self._cos_sin(position_ids)
+        rot = self._rotation(position_ids)
         H, K, D = self.heads, self.kv_heads, self.head_dim
         group = H // K
         if T == 1:
@@ -146,7 +148,10 @@ class FusedLlama:
         for layer, (keys, values) in zip(self.layers, kv, strict=True):
             h = F.rms_norm(x, (self.hidden,), layer["in_norm"], self.eps).to(self.dtype)
             qkv = F.linear(h, layer["qkv"]).view(B, T, H + 2 * K, D)
-            qk = self._rotate(qkv[:, :, :H + K], cos, sin).to(self.dtype)  # queries and keys in one pass
+            # RoPE on queries and keys at once, in fp32 as autocast runs it: each adjacent pair (see sync)
+            # times cos + i sin
+            pairs = torch.view_as_complex(qkv[:, :, :H + K].float().unflatten(-1, (D // 2, 2)))
+            qk = torch.view_as_real(pairs * rot).flatten(-2).to(self.dtype)
             q = qk[:, :, :H].transpose(1, 2)
             keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
             values[:, :, start:end] = qkv[:, :, H + K:].transpose(1, 2)

@@ -714,7 +714,9 @@ class CachedHFPolicy(HFPolicy):
             for b in positions:
                 i = int(act[b])
                 keep = mask[b, :cur].nonzero().squeeze(-1)[: len(rows[i]) + n_gen[i] - 1]
-                kv_rows[i] = [(layer.keys[b][:, keep], layer.values[b][:, keep])  # indexing copies
+                # index_select, not ``[:, keep]``: advanced indexing runs a general gather kernel over
+                # the strided view, far slower per element than index_select's copy of whole rows
+                kv_rows[i] = [(layer.keys[b].index_select(1, keep), layer.values[b].index_select(1, keep))
                               for layer in cache.layers]
 
         def reindex(keep_b: torch.Tensor) -> None:
