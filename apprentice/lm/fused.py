@@ -70,10 +70,15 @@ class FusedLlama:
         stamp = self._fingerprint()
         if stamp == self._stamp:
             return False
-        m, dt = self.source.model, self.dtype
+        dt = self.dtype
 
-        def cat(*ws: torch.Tensor) -> torch.Tensor:
-            return torch.cat([w.detach() for w in ws], 0).to(dt)
+        def cat(*ws: torch.Tensor) -> torch.Tensor:  # cast while copying: one pass over the fp32 weights
+            out = torch.empty(sum(w.shape[0] for w in ws), ws[0].shape[1], dtype=dt, device=ws[0].device)
+            at = 0
+            for w in ws:
+                out[at:at + w.shape[0]].copy_(w.detach())
+                at += w.shape[0]
+            return out
 
         D = self.head_dim
         # each head's output rows reordered (0, D/2, 1, D/2 + 1, ...): the pairs RoPE rotates together
@@ -81,8 +86,22 @@ class FusedLlama:
         pairs = torch.stack([torch.arange(D // 2), torch.arange(D // 2) + D // 2], 1).reshape(-1)
 
         def paired(w: torch.Tensor) -> torch.Tensor:
-            return w.detach().reshape(-1, D, w.shape[-1])[:, pairs].reshape(w.shape)
+            return w.detach().reshape(-1, D, w.shape[-1]).index_select(1, pairs).reshape(w.shape)
 
+        # on one thread: a cast-copy is bound by memory bandwidth, which one core nearly saturates, and a
+        # second thread's barrier per tensor costs far more than it saves when the other core is busy
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self._copy(dt, cat, paired)
+        finally:
+            torch.set_num_threads(threads)
+        self._stamp = stamp
+        self.copies += 1
+        return True
+
+    def _copy(self, dt: torch.dtype, cat: Any, paired: Any) -> None:
+        m = self.source.model
         with torch.no_grad():
             self.layers = []
             for layer in m.layers:
@@ -100,9 +119,6 @@ class FusedLlama:
             head = self.source.lm_head.weight
             self.head = head.detach().to(dt)
         self.device = self.embed.device
-        self._stamp = stamp
-        self.copies += 1
-        return True
 
     def nbytes(self) -> int:
         """Bytes the copies hold."""
