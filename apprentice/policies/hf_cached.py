@@ -275,7 +275,7 @@ STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (
 # argmax; 0.5 rather than a margin above the largest gap, because bf16 transcripts already move with batch
 # composition and thread count, and a wider margin rejects far more drafts for few more identical transcripts.
 DRAFT_MARGINS = {torch.float32: 0.05, torch.float64: 0.05}
-DRAFT_MARGIN_LOW_PRECISION = 0.5  # bf16 / fp16 autocast
+DRAFT_MARGIN_LOW_PRECISION = 0.5  # bf16 / fp16 (fused copies or autocast)
 VERIFY_LOGIT_BYTES = 64e6  # the logits of one slice of rows in _verify (vocabulary x positions, fp32)
 TRIM_BYTES = 64e6  # freed keys/values above which a call hands the heap's free pages back (trim_heap)
 
