@@ -50,6 +50,7 @@ bench: $(STAMP) models/base/config.json   ## benchmark ratios measured side by s
 	$(BIN)/python bench/isa_cap.py
 	$(BIN)/python bench/rollout.py --quick
 	$(BIN)/python bench/generation_engines.py --quick
+	$(BIN)/python bench/engine_peak.py --quick
 	$(BIN)/python bench/train_throughput.py --steps 2
 	$(BIN)/python bench/dtype.py --steps 1
 	$(BIN)/python bench/scale_rollout.py --problems 8

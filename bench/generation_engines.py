@@ -1,7 +1,8 @@
 """Benchmark: which generation engine the pipeline keeps, measured on the machine it runs on.
 
-Candidates, every one greedy on the same prompts, in the same compute dtype (fp32, and bf16
-autocast with fp32 weights, which is what ``model.dtype: bf16`` runs):
+Candidates, every one greedy on the same prompts, in the same compute dtype (fp32, and bf16: autocast
+with fp32 weights for the ``generate`` candidates, the engine's fused bf16 weight copies for ``engine``,
+which is what ``model.dtype: bf16`` runs; ``bench/engine_peak.py`` compares those two directly):
 
 * ``generate``   -- plain batched HF ``generate``, left padding, every turn re-encoded
                     (``HFPolicy``; what TRL's GRPO sampling does by default);

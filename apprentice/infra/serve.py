@@ -2,9 +2,13 @@
 
 It lets anything that speaks chat completions with tools (``OpenAICompatiblePolicy``, other
 agent frameworks, curl) use a pipeline model, and it is the real server the integration tests
-talk to. Why not vLLM / llama.cpp: neither runs our HF folders on a small CPU machine with our chat
-template and tool-call parser; this is a thin FastAPI layer over the same engine the rollouts use
-(``CachedHFPolicy``: a client's next turn reuses the keys/values of the conversation so far).
+talk to. It is a thin FastAPI layer over the same engine the rollouts use (``CachedHFPolicy``: a
+client's next turn reuses the keys/values of the conversation so far), in the project's own
+environment, serving a model folder the moment it is written. vLLM's CPU build also serves these
+folders (its ``hermes`` tool-call parser reads the template's ``<tool_call>`` format, its prefix
+cache reuses a conversation's earlier turns), but from an environment of its own (it pins an older
+transformers) and after compiling the model at start-up; ``bench/engine_peak.py --vllm-url`` compares
+the two on the same token ids.
 
 Concurrent requests are micro-batched: a worker thread takes every request that arrives within
 ``batch_window_s`` (same sampling settings, up to ``batch_size``) into one ``generate`` call, so a

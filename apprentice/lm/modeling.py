@@ -11,8 +11,9 @@ Why this module exists:
   ``qwen3_template`` parser; it is saved in ``tokenizer_config.json`` and survives reloads.
 * **Padding.** Generation needs LEFT padding so every row's last position is its real last token.
 * **dtype.** bf16 autocast is much faster on CPUs with AMX/avx512_bf16 and slower elsewhere, so
-  ``auto`` measures it once per machine (:mod:`apprentice.lm.dtypes`). Weights stay fp32; only compute
-  runs in bf16 (autocast).
+  ``auto`` measures it once per machine (:mod:`apprentice.lm.dtypes`). Weights stay fp32; training
+  computes in bf16 under autocast, and generation on bf16 copies of the weights
+  (:mod:`apprentice.lm.fused`), which autocast would re-cast at every matmul.
 * **use_cache.** TRL's trainers save ``use_cache=False``; a model built from such a config
   generates without a KV cache, many times slower. :func:`fix_generation_config` runs before every
   save.

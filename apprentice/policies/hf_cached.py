@@ -5,8 +5,18 @@ re-encodes it from scratch; on a CPU that prefill costs as much as the decoding 
 not help: prefill is compute-bound at batch size 1). This engine keeps, per conversation, the
 keys/values of everything it has encoded and runs only the *new* tokens (the tool observation, then
 the reply); episodes of one environment also share one encoding of their common prefix (system
-prompt + tool schemas). No library keeps a finished request's cache for its next turn on CPU
-(vLLM/SGLang do, on a GPU); transformers' continuous batching (``generate_batch``) keeps none.
+prompt + tool schemas). transformers' continuous batching (``generate_batch``) keeps no cache
+between requests. vLLM's CPU build does (``--enable-prefix-caching`` serves a conversation's next turn
+from the blocks of its last one), but as a server in an environment of its own (it pins an older
+transformers than this project), compiling the model at every start, and without replacing a running
+model's weights on CPU, so it cannot sample from a model that changes every optimizer step (GRPO,
+on-policy distillation). ``bench/engine_peak.py`` measures both against the machine's peak and
+``--vllm-url`` adds a running vLLM server to its table; a local teacher or evaluation can be pointed at
+such a server through the OpenAI-compatible policy.
+
+In bf16 the forward passes run on bf16 copies of the weights with fused projections
+(:mod:`apprentice.lm.fused`, Llama-architecture models), re-made when the weights change
+(:meth:`CachedHFPolicy.sync_weights`); in fp32, and for other architectures, on the transformers model.
 
 Where it departs from ``generate``: a hand-written decode loop over one preallocated ``StaticCache``
 whose buffers are reused from call to call (:class:`_EngineLayer`), from which finished rows leave
@@ -49,6 +59,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from apprentice.lm import fused as fused_lm
 from apprentice.lm import modeling
 from apprentice.policies.base import Message, Turn
 from apprentice.policies.hf import HFPolicy
@@ -264,7 +275,7 @@ STORE_SHARE = 0.45  # of KV_GB for the store; the rest bounds a call's buffers (
 # argmax; 0.5 rather than a margin above the largest gap, because bf16 transcripts already move with batch
 # composition and thread count, and a wider margin rejects far more drafts for few more identical transcripts.
 DRAFT_MARGINS = {torch.float32: 0.05, torch.float64: 0.05}
-DRAFT_MARGIN_LOW_PRECISION = 0.5  # bf16 / fp16 autocast
+DRAFT_MARGIN_LOW_PRECISION = 0.5  # bf16 / fp16 (fused copies or autocast)
 VERIFY_LOGIT_BYTES = 64e6  # the logits of one slice of rows in _verify (vocabulary x positions, fp32)
 TRIM_BYTES = 64e6  # freed keys/values above which a call hands the heap's free pages back (trim_heap)
 
@@ -300,6 +311,10 @@ class CachedHFPolicy(HFPolicy):
         self._row_tokens = 0.0  # mean tokens a row of the last call stores (live_rows)
         self._pinned: dict[int, _Entry] = {}  # entries a running call's later parts reuse, by id (held: ids stay unique)
         self._kv_dtype: torch.dtype | None = None
+        # low-precision generation runs on bf16 copies of the weights (apprentice.lm.fused) where the
+        # architecture allows; fp32 runs the transformers model itself
+        self._fused: fused_lm.FusedLlama | None = None
+        self.fused = self.dtype in (torch.bfloat16, torch.float16) and fused_lm.supports(self.model)
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, flat; grown, never shrunk
 
     def stats_line(self) -> str:
@@ -389,9 +404,52 @@ class CachedHFPolicy(HFPolicy):
         return cls(policy.model, policy.tokenizer, **{**kw, **kwargs})
 
     def reset_cache(self) -> None:
-        """Forget every stored conversation and free the decode buffers."""
+        """Forget every stored conversation and free the decode buffers (the weight copies stay: they
+        are refreshed when the weights change, see :meth:`sync_weights`)."""
         self._store.clear()
         self._buffers = []
+
+    def sync_weights(self) -> bool:
+        """Make the bf16 weight copies (:mod:`apprentice.lm.fused`) match the model's current weights;
+        True when they were (re)made. Every call does this first, so a model trained between calls
+        (GRPO, on-policy distillation) generates with its new weights; the stored keys/values of the
+        old weights are dropped with them. A no-op for fp32 and for architectures the copies do not cover."""
+        if not self.fused:
+            return False
+        if self._fused is None:
+            self._fused = fused_lm.FusedLlama(self.model, self.dtype)
+            return True
+        if self._fused.sync():
+            self._store.clear()
+            return True
+        return False
+
+    def _generation_context(self) -> contextlib.AbstractContextManager[Any]:
+        """What a call's forward passes run under: no autograd, and for the transformers model bf16
+        autocast (in low precision) and the grouped decode attention; the fused path needs neither."""
+        if self._fused is not None:
+            return torch.no_grad()
+        stack = contextlib.ExitStack()
+        stack.enter_context(modeling.generation(self.dtype, self.device))
+        stack.enter_context(_grouped_decode())
+        return stack
+
+    def _model_forward(self, cache: Any, logits_to_keep: int | None = 1, spans: list[tuple[int, int, int]] | None = None,
+                       **inputs: Any) -> torch.Tensor:
+        """One forward pass over the engine's cache: logits of the last ``logits_to_keep`` positions
+        (fp32 under the fused path, the model's dtype otherwise), or the final hidden states when
+        ``logits_to_keep`` is None. ``spans``: :func:`_grouped_sdpa`'s decode groups."""
+        if self._fused is None:
+            if logits_to_keep is None:
+                return self.model.get_decoder()(cache=cache, use_cache=True, **inputs).last_hidden_state
+            return self.model(cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **inputs).logits
+        ids = inputs["input_ids"]
+        start = int(cache.layers[0].cumulative_length)
+        hidden = self._fused.decoder(ids, inputs["position_ids"], inputs["attention_mask"],
+                                     [(layer.keys, layer.values) for layer in cache.layers], start, spans)
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(start + ids.shape[1])
+        return hidden if logits_to_keep is None else self._fused.logits(hidden[:, -logits_to_keep:])
 
     def _layer_buffers(self, layers: int, numel: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Flat key/value buffers of at least ``numel`` elements per layer (see :class:`_EngineLayer`),
@@ -460,6 +518,8 @@ class CachedHFPolicy(HFPolicy):
         before it reads them, so fp32 keys only double the memory traffic of every decode step's
         attention. :class:`_EngineLayer` stores them in the values' dtype: bit-identical
         attention, half the bytes."""
+        if self._kv_dtype is None and self._fused is not None:
+            self._kv_dtype = self._fused.dtype
         if self._kv_dtype is None:
             kv = self._encode_alone(np.asarray([self.tokenizer.pad_token_id or 0], dtype=np.int64))
             self._kv_dtype = kv[0][1].dtype
@@ -470,6 +530,13 @@ class CachedHFPolicy(HFPolicy):
 
         cache: Any = DynamicCache(config=self.model.config)  # Any: its layers' union type lacks .keys
         x = torch.tensor(ids[None, :], device=self.device)
+        if self._fused is not None:
+            n, f = len(ids), self._fused
+            kv = [(torch.empty(1, f.kv_heads, n, f.head_dim, dtype=f.dtype, device=self.device),
+                   torch.empty(1, f.kv_heads, n, f.head_dim, dtype=f.dtype, device=self.device)) for _ in f.layers]
+            with torch.no_grad():
+                f.decoder(x, torch.arange(n, device=self.device)[None], torch.ones_like(x), kv, 0)
+            return [(k[0], v[0]) for k, v in kv]
         with modeling.generation(self.dtype, self.device):
             self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
         dtype = self._kv_dtype or cache.layers[0].values.dtype
@@ -524,6 +591,7 @@ class CachedHFPolicy(HFPolicy):
         While a part runs, the entries the parts after it will reuse are pinned: each part makes room
         for what it stores (:meth:`_evict`) and drops the entries its rows extend, and least recently
         used were exactly the entries of the parts after it, which then re-encoded whole conversations."""
+        self.sync_weights()  # before matching: new weights drop the store
         matches = [self._best(r) for r in rows]
         reuse = [min(n, len(r) - 1) for r, (_, n) in zip(rows, matches, strict=True)]
         if rows:  # what a row of this workload takes in the store (live_rows)
@@ -646,7 +714,9 @@ class CachedHFPolicy(HFPolicy):
             for b in positions:
                 i = int(act[b])
                 keep = mask[b, :cur].nonzero().squeeze(-1)[: len(rows[i]) + n_gen[i] - 1]
-                kv_rows[i] = [(layer.keys[b][:, keep], layer.values[b][:, keep])  # indexing copies
+                # index_select, not ``[:, keep]``: advanced indexing runs a general gather kernel over
+                # the strided view, far slower per element than index_select's copy of whole rows
+                kv_rows[i] = [(layer.keys[b].index_select(1, keep), layer.values[b].index_select(1, keep))
                               for layer in cache.layers]
 
         def reindex(keep_b: torch.Tensor) -> None:
@@ -657,7 +727,7 @@ class CachedHFPolicy(HFPolicy):
             mask, act, next_pos, done, first = mask[keep_b], act[keep_b], next_pos[keep_b], done[keep_b], first[keep_b]
 
         t_prefill = time.perf_counter()
-        with modeling.generation(self.dtype, self.device), _grouped_decode():
+        with self._generation_context():
             new_counts = [len(r) - c + x for r, c, x in zip(rows, reuse, extra, strict=True)]
             self.stats["prefill_tokens"] += sum(new_counts)
             if K:
@@ -716,8 +786,8 @@ class CachedHFPolicy(HFPolicy):
                 self.stats["row_steps"] += int(act.numel())
                 span = _DECODE_SPAN.set((groups, cur + 1))
                 try:
-                    logits = self.model(input_ids=nxt[:, None], position_ids=next_pos[:, None].clone(), attention_mask=mask,
-                                        cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
+                    logits = self._model_forward(cache, input_ids=nxt[:, None], position_ids=next_pos[:, None].clone(),
+                                                 attention_mask=mask, spans=groups)[:, -1, :].float()
                 finally:
                     _DECODE_SPAN.reset(span)
                 cur += 1
@@ -764,8 +834,7 @@ class CachedHFPolicy(HFPolicy):
                 layer.cumulative_length.fill_(C + a)
             self.stats["prefill_slots"] += (b - a) * (ids.shape[0] if rows is None else len(rows))
             if rows is None:
-                logits = self.model(input_ids=ids[:, a:b], position_ids=pos[:, a:b], attention_mask=mask, cache=cache,
-                                    use_cache=True, logits_to_keep=1).logits
+                logits = self._model_forward(cache, input_ids=ids[:, a:b], position_ids=pos[:, a:b], attention_mask=mask)
                 continue
             m = len(rows)
             if rows != list(range(m)):
@@ -773,8 +842,7 @@ class CachedHFPolicy(HFPolicy):
             full = [(layer.keys, layer.values) for layer in cache.layers]
             for layer, (k, v) in zip(cache.layers, full, strict=True):
                 layer.keys, layer.values = k[:m], v[:m]  # views: written in place
-            self.model(input_ids=ids[:m, a:b], position_ids=pos[:m, a:b], attention_mask=mask[:m], cache=cache,
-                       use_cache=True, logits_to_keep=1)
+            self._model_forward(cache, input_ids=ids[:m, a:b], position_ids=pos[:m, a:b], attention_mask=mask[:m])
             for layer, (k, v) in zip(cache.layers, full, strict=True):
                 layer.keys, layer.values = k, v
         return logits
@@ -800,13 +868,14 @@ class CachedHFPolicy(HFPolicy):
             for layer in cache.layers:
                 layer.cumulative_length.fill_(C + S - K)
             self.stats["prefill_slots"] += B * K
-            hidden = self.model.get_decoder()(input_ids=ids[:, S - K:], position_ids=pos[:, S - K:], attention_mask=mask,
-                                              cache=cache, use_cache=True).last_hidden_state
+            hidden = self._model_forward(cache, None, input_ids=ids[:, S - K:], position_ids=pos[:, S - K:],
+                                         attention_mask=mask)
             for layer in cache.layers:
                 layer.cumulative_length.fill_(C + S)
         # the LM head only where a logit is read: a draft's positions, else the prompt's last
         spans = [(K - (1 if d is None else len(d)), K) for d in drafts]
-        head, cap = self.model.get_output_embeddings(), getattr(self.model.config, "final_logit_softcapping", None)
+        head = self.model.get_output_embeddings() if self._fused is None else self._fused.logits
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
         margin = DRAFT_MARGINS.get(self.dtype, DRAFT_MARGIN_LOW_PRECISION)
         budget = max(K, int(VERIFY_LOGIT_BYTES // (self.model.config.vocab_size * 4)))  # positions a slice of rows
         first: list[torch.Tensor] = []

@@ -10,12 +10,16 @@ group) share one encoding of it. Same stop rule (the trainer's eos ids, the last
 logprobs, as TRL's plain path.
 
 Why not a library: TRL's alternatives on CPU are its plain path and ``use_transformers_paged``
-(transformers' continuous batching, the slowest candidate of ``bench/generation_engines.py`` on CPU);
-vLLM is used where configured (``use_vllm``), and TRL keeps whatever the engine does not do
+(transformers' continuous batching, the slowest candidate of ``bench/generation_engines.py`` on CPU).
+vLLM's CPU build keeps finished requests' caches too, but runs as a server that loads its weights
+at start-up and cannot take the trained model's new weights each step on CPU. vLLM is used where
+configured (``use_vllm``), and TRL keeps whatever the engine does not do
 (images, DeepSpeed or FSDP-wrapped models, and any generation setting besides greedy or
 temperature + top_p sampling: :func:`engine_can_sample`).
 
-Lifecycle: the engine's cache is dropped when the weights change (a new ``global_step``) and freed,
+Lifecycle: in bf16 the engine generates from bf16 copies of the weights, re-made on the first call
+after the optimizer changed them (:meth:`~apprentice.policies.hf_cached.CachedHFPolicy.sync_weights`).
+The engine's cache is dropped when the weights change (a new ``global_step``) and freed,
 with the heap trimmed, after each generation phase (:meth:`EngineSampling._engine_release`), so it
 never sits under the backward pass's peak. Its sampling seed is ``seed + global_step``, so a run
 resumed from a checkpoint samples what the uninterrupted run did.
