@@ -98,7 +98,7 @@ def test_killed_flow_resumes_and_records_lineage(project):
     nested = c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
     names = {r.info.run_name: r for r in nested}
     assert set(names) == {"prepare-base", "benchmark", *(f"{s}-1" for s in
-                          ["synth", "evolve", "teacher-rollout", "validate", "loop-data", "sft", "rl", "distill", "evaluate",
+                          ["frontier", "synth", "evolve", "teacher-rollout", "validate", "loop-data", "sft", "rl", "distill", "evaluate",
                            "promote", "report"])}
     assert "pass_rate.gen_0" in c.get_run(names["evolve-1"].info.run_id).data.metrics  # generations measured
     sft = names["sft-1"]

@@ -77,11 +77,11 @@ def test_registry_reproduces_the_tables_it_replaced():
     """The values the hand-kept tables held before the registry (CLI verbs, flow order, retries, lineage)."""
     assert set(pipeline.verbs()) == {"prepare-base", "benchmark", "synth", "rollout", "teacher-rollout", "validate",
                                      "sft", "rl", "distill", "evaluate", "evaluate-all", "promote", "report", "evolve",
-                                     "loop-data"}
+                                     "loop-data", "frontier"}
     assert pipeline.get("rollout").name == "teacher-rollout"
     assert pipeline.once_stages() == ["prepare-base", "benchmark"]
     # loop-data (the set SFT trains on, mixed by loop.rule) between validate and sft
-    assert pipeline.iteration_stages() == ["synth", "evolve", "teacher-rollout", "validate", "loop-data", "sft", "rl",
+    assert pipeline.iteration_stages() == ["frontier", "synth", "evolve", "teacher-rollout", "validate", "loop-data", "sft", "rl",
                                            "distill", "evaluate", "promote", "report"]
     assert {s.name: s.retries for s in pipeline.STAGES if s.retries} == {
         "teacher-rollout": pipeline.ROLLOUT_RETRIES, "evaluate": pipeline.ROLLOUT_RETRIES}
@@ -93,6 +93,7 @@ def test_registry_reproduces_the_tables_it_replaced():
         "benchmark": ["w/data/benchmark/benchmark.json"], "evolve": ["w/data/iter_3/evolve.json"],
         "validate": ["w/reports/iter_3/gate.json"], "sft": ["w/reports/iter_3/sft_start.json"],
         "loop-data": ["w/reports/iter_3/loop.json"], "report": ["w/reports/iter_3/drift.json"],
+        "frontier": ["w/reports/iter_3/frontier.json"],
         "evaluate": ["w/data/benchmark/eval/base.json", "w/data/iter_3/eval/sft.json", "w/data/iter_3/eval/rl.json",
                      "w/data/iter_3/eval/student.json"],
         "promote": ["w/reports/iter_3/promotion.json"]}
