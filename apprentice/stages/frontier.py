@@ -37,18 +37,9 @@ def tops(cfg: Config) -> dict[str, int]:
 
 def champion(paths: Paths) -> dict[str, Any] | None:
     """The champion entry of the previous promotion (None in iteration 1)."""
-    prev = paths.previous()
-    if prev is None:
-        return None
-    if not prev.promotion.exists():
-        raise FileNotFoundError(f"the frontier of iteration {paths.iteration} probes the champion of promote-"
-                                f"{prev.iteration}, but {prev.promotion} does not exist; run `python -m apprentice "
-                                f"promote --iter {prev.iteration}` first (dvc repro does)")
-    champ = json.loads(prev.promotion.read_text()).get("champion")
-    if not champ:
-        raise ValueError(f"{prev.promotion} names no champion; rerun `python -m apprentice promote --iter "
-                         f"{prev.iteration}`")
-    return dict(champ)
+    from apprentice.stages.promote import previous_champion
+
+    return None if paths.previous() is None else previous_champion(paths, "probes the champion")
 
 
 def previous_ceilings(paths: Paths) -> dict[str, int]:

@@ -105,6 +105,22 @@ def weights_md5(folder: Path) -> str:
     return h.hexdigest()
 
 
+def previous_champion(paths: Paths, why: str) -> dict[str, Any]:
+    """The ``champion`` entry of promote-(k-1)'s record, for a stage of iteration k that needs it (``why``
+    says which, in the error). Raises with the command to run when the record or the entry is missing."""
+    prev = paths.previous()
+    assert prev is not None, "iteration 1 has no previous promotion"
+    if not prev.promotion.exists():
+        raise FileNotFoundError(f"iteration {paths.iteration} {why} after promote-{prev.iteration}, but "
+                                f"{prev.promotion} does not exist; run `python -m apprentice promote --iter "
+                                f"{prev.iteration}` first (dvc repro does)")
+    champ = json.loads(prev.promotion.read_text()).get("champion")
+    if not champ:
+        raise ValueError(f"{prev.promotion} names no champion (written by an older version); rerun "
+                         f"`python -m apprentice promote --iter {prev.iteration}`")
+    return dict(champ)
+
+
 def champion_path(entry: dict[str, Any], root: Path) -> Path:
     """Absolute weights folder of a promotion record's ``champion`` entry."""
     p = Path(entry["weights_path"])

@@ -147,6 +147,18 @@ def champion_trend(paths: Paths) -> str:
     return "\n".join(lines) + "\n"
 
 
+def champions(paths: Paths) -> list[tuple[int, dict[str, Any], Path | None]]:
+    """Per iteration 1..k with a promotion record: (iteration, the champion entry after it, the path of
+    its benchmark episodes; None when the record names no champion)."""
+    out = []
+    for j in range(1, paths.iteration + 1):
+        rec = Paths(paths.root, j).promotion
+        if rec.exists():
+            champ = json.loads(rec.read_text()).get("champion") or {}
+            out.append((j, champ, episodes_of(champ, paths) if champ else None))
+    return out
+
+
 def drift_history(paths: Paths) -> list[dict[str, Any]]:
     """Per iteration 1..k with a promotion record: the champion after it, its benchmark success (with
     the Wilson interval), per-family success, and its action diversity (the policy-entropy proxy,
@@ -156,12 +168,7 @@ def drift_history(paths: Paths) -> list[dict[str, Any]]:
     from apprentice.evaluation.metrics import action_diversity, summarize
 
     out = []
-    for j in range(1, paths.iteration + 1):
-        rec = Paths(paths.root, j).promotion
-        if not rec.exists():
-            continue
-        champ = json.loads(rec.read_text()).get("champion") or {}
-        eps = episodes_of(champ, paths) if champ else None
+    for j, champ, eps in champions(paths):
         row: dict[str, Any] = {"iteration": j, "champion": "base" if champ.get("kind") == "base" else
                                f"v{champ.get('version')} (iter {champ.get('iteration')} {champ.get('kind')})"}
         if eps is not None and eps.exists():
@@ -181,12 +188,7 @@ def level_history(paths: Paths) -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     levels = _benchmark_levels(paths)
-    for j in range(1, paths.iteration + 1):
-        rec = Paths(paths.root, j).promotion
-        if not rec.exists():
-            continue
-        champ = json.loads(rec.read_text()).get("champion") or {}
-        eps = episodes_of(champ, paths) if champ else None
+    for j, _, eps in champions(paths):
         if eps is None or not eps.exists():
             continue
         df = read_parquet(eps)

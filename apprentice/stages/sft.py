@@ -26,7 +26,7 @@ from apprentice.paths import Paths, atomic_path
 def start_record(cfg: Config, paths: Paths) -> dict[str, Any]:
     """Where iteration k's SFT starts: ``{"path", "source", "version", "iteration", "md5"}``."""
     from apprentice.lm.modeling import resolve_model_ref
-    from apprentice.stages.promote import champion_path, weights_md5
+    from apprentice.stages.promote import champion_path, previous_champion, weights_md5
     from apprentice.training.loop_rules import starts_from_champion
 
     prev = paths.previous()
@@ -35,14 +35,7 @@ def start_record(cfg: Config, paths: Paths) -> dict[str, Any]:
         return {"path": ref, "source": "base" if prev is None else f"base (loop.rule={cfg.loop.rule})",
                 "version": 0, "iteration": 0,
                 "md5": weights_md5(Path(ref)) if Path(ref).is_dir() else ""}
-    if not prev.promotion.exists():
-        raise FileNotFoundError(f"iteration {paths.iteration} starts from the champion after promote-{prev.iteration}, "
-                                f"but {prev.promotion} does not exist; run `python -m apprentice promote --iter "
-                                f"{prev.iteration}` first (dvc repro does)")
-    champ = json.loads(prev.promotion.read_text()).get("champion")
-    if not champ:
-        raise ValueError(f"{prev.promotion} names no champion (written by an older version); rerun "
-                         f"`python -m apprentice promote --iter {prev.iteration}`")
+    champ = previous_champion(paths, "starts from the champion")
     path = champion_path(champ, paths.root)
     source = "base" if champ.get("kind") == "base" else f"champion v{champ['version']}"
     return {"path": str(path), "source": source, "version": int(champ["version"]),
