@@ -184,11 +184,11 @@ class ValidateConfig(Section):
 
 class SFTConfig(Section):
     max_steps: int = Field(16, ge=1, description="Optimizer steps.")
-    batch_size: int = Field(2, ge=1, description="Conversations per forward/backward pass.")
-    grad_accum: int = Field(2, ge=1, description="Passes accumulated per optimizer step (a step sees "
+    batch_size: int = Field(1, ge=1, description="Conversations per forward/backward pass.")
+    grad_accum: int = Field(4, ge=1, description="Passes accumulated per optimizer step (a step sees "
                             "batch_size x grad_accum conversations; the loss is normalised by the step's tokens).")
     learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate (AdamW).")
-    max_length: int = Field(768, ge=16, description="Tokens per conversation; longer ones are truncated.")
+    max_length: int = Field(1536, ge=16, description="Tokens per conversation; longer ones are truncated.")
     horizon_tokens: int = Field(0, ge=0, description="Keep the first H tokens of each trajectory (0 = all).")
     lora: bool = Field(False, description="Train LoRA adapters (rank lora_r) instead of all weights.")
     lora_r: int = Field(16, ge=1, description="LoRA rank (lora: true).")
@@ -202,10 +202,10 @@ class RLConfig(Section):
     max_steps: int = Field(3, ge=0, description="GRPO optimizer steps (0 = RL copies the SFT model).")
     prompts_per_step: int = Field(3, ge=1, description="Problems per step, each one GRPO group.")
     num_generations: int = Field(4, ge=2, description="Episodes per problem (the GRPO group size).")
-    max_completion_length: int = Field(448, ge=16, description="Token cap of one episode's completion "
+    max_completion_length: int = Field(640, ge=16, description="Token cap of one episode's completion "
                                        "(all assistant turns and tool responses).")
-    max_tool_calls: int = Field(6, ge=1, description="Tool calls per episode before it is cut off.")
-    learning_rate: float = Field(5e-6, gt=0, description="Peak learning rate (AdamW).")
+    max_tool_calls: int = Field(8, ge=1, description="Tool calls per episode before it is cut off.")
+    learning_rate: float = Field(3e-5, gt=0, description="Peak learning rate (AdamW).")
     beta: float = Field(0.0, ge=0, description="GRPO's KL penalty towards the SFT model (0 = none).")
     curriculum: Literal["difficulty", "random", "sampler"] = Field(
         "difficulty", description="Order of the probed problems: difficulty (easy to hard), random, or "

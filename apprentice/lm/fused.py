@@ -171,10 +171,10 @@ class FusedLlama:
             q = qk[:, :, :H].transpose(1, 2)
             keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
             values[:, :, start:end] = qkv[:, :, H + K:].transpose(1, 2)
-            if T == 1:  # the query heads of one key/value head as that head's rows: no repeated keys
-                qg = q.reshape(B, K, group, D)
-                outs = [F.scaled_dot_product_attention(qg[a:b], keys[a:b, :, s:end], values[a:b, :, s:end],
-                                                       attn_mask=m, scale=self.scale)
+            if T == 1:  # one query per head, keys shared by a head group (enable_gqa): on the CPU flash
+                # kernel this beats folding a group's query heads into one head's rows (bench/engine_peak.py)
+                outs = [F.scaled_dot_product_attention(q[a:b], keys[a:b, :, s:end], values[a:b, :, s:end],
+                                                       attn_mask=m, scale=self.scale, enable_gqa=group > 1)
                         for (a, b, s), m in zip(groups, masks, strict=True)]
                 o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(B, 1, H * D)
             else:

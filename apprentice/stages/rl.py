@@ -1,7 +1,8 @@
 """Stage ``rl``: curriculum GRPO from the SFT model -> ``models/iter_k/rl``.
 
 1. keep the problems on the frontier window's levels (``frontier.json``: where the champion half
-   succeeded), order them easy -> hard;
+   succeeded) whose oracle episode fits GRPO's budget (``rl.max_completion_length``,
+   ``rl.max_tool_calls``: :mod:`apprentice.curriculum.budget`), order them easy -> hard;
 2. probe the first ``rl.probe_problems`` of them with ``rl.probe_samples`` sampled episodes each
    (temperature 1, the same engine evaluation uses) and drop those the policy always or never
    solves (``apprentice.curriculum``), or let ``curriculum.sampler`` pick (``rl.curriculum: sampler``);
@@ -72,6 +73,38 @@ def in_window(paths: Paths, problems: pd.DataFrame) -> tuple[pd.DataFrame, dict[
     if picked.empty:
         return problems, {"window": levels, "window_problems": 0}
     return picked, {"window": levels, "window_problems": len(picked)}
+
+
+def oracle_needs(problems: pd.DataFrame, tokenizer: Any) -> dict[str, Any]:
+    """The oracle's tool calls and completion tokens per problem, as GRPO counts them: every token after
+    the prompt (assistant turns and the tool responses the chat template wraps), through the model's own
+    chat template. The oracle plays in milliseconds, so this costs a tokenization per problem."""
+    from apprentice.curriculum.budget import Need
+    from apprentice.infra.distributed import run_episodes
+    from apprentice.policies.oracle import OraclePolicy
+
+    def ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]], prompt: bool) -> int:
+        out = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True, add_generation_prompt=prompt)
+        return len(out["input_ids"] if hasattr(out, "keys") else out)
+
+    needs = {}
+    for t in run_episodes(problems, OraclePolicy(), samples_per_problem=1, progress=False, seed=0):
+        msgs = [dict(m) for m in t.messages]
+        first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
+        if not t.success or first is None:
+            continue  # the oracle did not solve it: nothing known (the gate and check-env report that)
+        calls = sum(len(m.get("tool_calls") or []) for m in msgs if m.get("role") == "assistant")
+        needs[str(t.problem_id)] = Need(calls, ids(msgs, t.tools, False) - ids(msgs[:first], t.tools, True))
+    return needs
+
+
+def fit_budget(cfg: Config, problems: pd.DataFrame, tokenizer: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The problems whose oracle episode fits GRPO's budget (:mod:`apprentice.curriculum.budget`)."""
+    from apprentice.curriculum import budget
+
+    needs = oracle_needs(problems, tokenizer)
+    kept = budget.within_budget(problems, needs, cfg.rl.max_completion_length, cfg.rl.max_tool_calls)
+    return kept, budget.budget_summary(problems, kept, needs, cfg.rl.max_completion_length, cfg.rl.max_tool_calls)
 
 
 def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
@@ -156,8 +189,9 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
         problems = pool.set_index("problem_id", drop=False).loc[summary["order"]].reset_index(drop=True)
     else:
         candidates, window = in_window(paths, all_problems)
+        candidates, fitted = fit_budget(cfg, candidates, tok)
         problems, summary = select_problems(cfg, candidates, model, tok, generations)
-        summary = {**summary, **window}
+        summary = {**summary, **window, **fitted}
         summary = {**summary, "order": problems["problem_id"].tolist()}
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(summary, indent=2))

@@ -118,3 +118,22 @@ def test_probe_spreads_over_the_order_and_band_problems_come_first(monkeypatch):
     first = kept["problem_id"].iloc[0]
     assert 0 < table[first] < 4 and first in probed[0]  # an informative probed problem leads
     assert summary["probed"] == 4
+
+
+def test_rl_keeps_the_problems_whose_oracle_episode_fits_its_budget(smol_tokenizer_dir):
+    """The oracle's episodes, measured through the chat template: long grid levels fall out of a small
+    budget, the short ones stay, in order; the summary names what fell out."""
+    from apprentice.lm.modeling import load_tokenizer
+
+    grid = FAMILIES["grid"]
+    specs = [grid.generate(seed=i, level=lv) for i, lv in enumerate([0, 5, 1, 6, 0])]
+    problems = problems_frame(specs, [0, 5, 1, 6, 0], "train")
+    tok = load_tokenizer(smol_tokenizer_dir, "compact")
+    needs = rl_stage.oracle_needs(problems, tok)
+    assert set(needs) == set(problems["problem_id"])
+    by_level = {lv: needs[p] for p, lv in zip(problems["problem_id"], problems["level"], strict=True)}
+    assert by_level[6].calls > by_level[1].calls and by_level[6].tokens > by_level[1].tokens
+    cfg = load_config(ROOT / "params.yaml", overrides=["rl.max_completion_length=640", "rl.max_tool_calls=8"])
+    kept, summary = rl_stage.fit_budget(cfg, problems, tok)
+    assert kept["level"].tolist() == [0, 1, 0]
+    assert summary["over_budget"] == 2 and set(summary["over_budget_by_level"]) == {"grid/5", "grid/6"}
