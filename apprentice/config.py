@@ -215,7 +215,7 @@ class RLConfig(Section):
     refill_rounds: int = Field(2, ge=0, description="Dynamic sampling: rounds a step may replace its groups whose "
                                "rewards are all equal with fresh problems (0 = off, TRL's plain step).")
     save_steps: int = Field(2, ge=1, description="Checkpoint every N steps (a rerun resumes from the last).")
-    micro_batch_size: int = Field(2, ge=1, description="Episodes per forward/backward pass: the step's "
+    micro_batch_size: int = Field(1, ge=1, description="Episodes per forward/backward pass: the step's "
                                   "prompts_per_step x num_generations episodes are accumulated in micro-batches "
                                   "of this size, which bounds peak memory.")
     seed: int = Field(0, description="Seed of the RL probe, the random curriculum order and GRPO training.")
