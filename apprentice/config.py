@@ -327,6 +327,10 @@ class EvaluateConfig(Section):
     max_format_errors: int = Field(
         2, ge=0, description="End an episode after this many consecutive unparseable turns (0 = never); "
         "also used by the RL probe.")
+    max_repeats: int = Field(
+        3, ge=0, description="End an episode once the same calls got the same observations this many turns in a "
+        "row (0 = never): a greedy agent that sees nothing change repeats itself to the end of its budget. "
+        "Evaluation and the frontier probe only (greedy); sampled episodes can still leave such a loop.")
     shard_size: int = Field(160, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards "
                             "only. Larger than batch_size so finished episodes' places refill (the default "
                             "benchmark is one shard).")

@@ -258,7 +258,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("frontier", "apprentice.stages.frontier",
           params=("frontier", "synth.families", "synth.levels", "synth.n_train", "pipeline.seed", "model",
                   "evaluate.max_new_tokens", "evaluate.temperature", "evaluate.batch_size",
-                  "evaluate.max_format_errors"),
+                  "evaluate.max_format_errors", "evaluate.max_repeats"),
           code=("apprentice/curriculum/frontier.py", "apprentice/stages/benchmark.py", "apprentice/envs",
                 "apprentice/rollout/episodes.py", "apprentice/policies", "apprentice/templates"),
           io=_frontier, builds_envs=True, results=lambda p: [p.frontier_record], needed=_frontier_on),

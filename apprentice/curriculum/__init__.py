@@ -6,6 +6,7 @@ Each decision has one entry point, and the stages call only these:
 * in what order RL reads its problems, and which of them the probe covers: :func:`probe_plan` (``order``);
 * which evolved generation joins the RL pool: :func:`feed_generations` (``schedule``);
 * which probed problems GRPO trains on, and in what order: :func:`keep_for_grpo` (``filter``);
+* which problems fit GRPO's episode budget at all: :func:`within_budget` (``budget``);
 * which levels the next iteration synthesizes, from the champion's probe: :mod:`frontier`
   (:func:`frontier.decide`).
 
@@ -19,7 +20,8 @@ operators that *make* harder generations stay with the environments (:mod:`appre
 
 from __future__ import annotations
 
-from apprentice.curriculum import frontier
+from apprentice.curriculum import budget, frontier
+from apprentice.curriculum.budget import Need, within_budget
 from apprentice.curriculum.filter import (
     band_first,
     filter_summary,
@@ -44,9 +46,9 @@ from apprentice.curriculum.table import PassRate, PassRates, pass_rates, pass_ta
 
 __all__ = [
     # the entry points, one per decision
-    "feed_generations", "frontier", "keep_for_grpo", "keep_predicted", "probe_plan",
+    "budget", "feed_generations", "frontier", "keep_for_grpo", "within_budget", "keep_predicted", "probe_plan",
     # the pass-rate table
-    "PassRate", "PassRates", "pass_rates", "pass_table", "table_from_rates",
+    "Need", "PassRate", "PassRates", "pass_rates", "pass_table", "table_from_rates",
     # the rules behind the entry points (tests, bench/)
     "SAMPLERS", "SAMPLER_SETTINGS", "GenerationScheduler", "aes", "band_first", "difficulty_key", "dtac",
     "filter_summary", "hdc", "informative", "order_by_difficulty", "order_problems", "pass_band",

@@ -13,7 +13,10 @@ counted in ``parse_errors``; tool observations starting with ``Error`` count as 
 ``max_format_errors`` > 0 ends an episode after that many *consecutive* unparseable turns (reward
 0, ``stopped = "format_errors"`` in ``extra``): a model that has not learned the format (the base
 model, a freshly pruned student) otherwise spends its whole turn budget producing prose, and
-evaluating it would cost as much as evaluating a working agent.
+evaluating it would cost as much as evaluating a working agent. ``max_repeats`` > 0 likewise ends an
+episode (``stopped = "repeats"``) once the same calls got the same observations that many turns in a
+row: nothing the agent sees changes, so a greedy agent plays the same turn until its budget runs out,
+and those turns, the longest-context ones of the episode, were a quarter of an evaluation's turns.
 
 A policy that cannot produce a turn at all (an endpoint request that failed after its retries)
 returns a :class:`~apprentice.policies.base.Turn` with ``error``: only that episode ends, as
@@ -66,6 +69,8 @@ class _Episode:
     turns: int = 0
     parse_errors: int = 0
     format_streak: int = 0  # consecutive unparseable turns (max_format_errors)
+    last_step: str | None = None  # the previous turn's calls and observations (max_repeats)
+    repeat_streak: int = 0  # consecutive turns equal to it, this one included
     stopped: str = ""
     tool_errors: int = 0
     tool_calls: int = 0
@@ -158,6 +163,7 @@ def run_episodes(
     require_tool_call: bool = True,
     env_factory: Callable[[ProblemSpec], Environment] | None = None,
     max_format_errors: int = 0,
+    max_repeats: int = 0,
     episode_tokens: int = 0,
     count_tokens: Callable[[str], int] | None = None,
     starts: Sequence[Sequence[Mapping[str, Any]]] | None = None,
@@ -172,7 +178,8 @@ def run_episodes(
     one ``policy.act`` call for at most ``batch_size`` live episodes (fewer when the policy's optional
     ``live_rows(batch_size)`` says it holds fewer, asked every round); a finished episode's place goes
     to the next waiting one, largest turn budget first (episode-level continuous batching). ``seed`` seeds torch (sampling).
-    ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns.
+    ``max_format_errors`` > 0 stops an episode after that many consecutive unparseable turns;
+    ``max_repeats`` > 0 after that many consecutive turns with the same calls and the same observations.
     ``episode_tokens`` > 0 budgets the whole episode the way TRL's GRPO budgets a multi-turn
     completion (``max_completion_length``): generated tokens *plus* tool responses (counted with
     ``count_tokens``); a turn that would pass the budget is cut (truncated, its calls not run).
@@ -276,7 +283,7 @@ def run_episodes(
                     "Policy.act must return exactly one Turn per conversation"
                 )
             for ep, turn in zip(live, turns, strict=True):
-                _apply(ep, turn, fmt, require_tool_call, max_format_errors, episode_tokens, count_tokens)
+                _apply(ep, turn, fmt, require_tool_call, max_format_errors, episode_tokens, count_tokens, max_repeats)
                 gen_tokens += turn.completion_tokens
                 if ep.finished:
                     ep.wall_s = time.perf_counter() - t0
@@ -323,7 +330,7 @@ def _default_env(spec: ProblemSpec) -> Environment:
 
 
 def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_format_errors: int = 0,
-           episode_tokens: int = 0, count_tokens: Callable[[str], int] | None = None) -> None:
+           episode_tokens: int = 0, count_tokens: Callable[[str], int] | None = None, max_repeats: int = 0) -> None:
     """Append the assistant turn and its observations; update counters and the finish state."""
     if turn.error:  # no turn at all (the endpoint failed for good): this episode fails, the batch goes on
         ep.finished, ep.error = True, " ".join(str(turn.error).split())[:1000]
@@ -356,10 +363,12 @@ def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_form
         ep.messages.append(msg)
         ep.parse_errors += 1
         ep.format_streak += 1
+        ep.last_step, ep.repeat_streak = None, 0
         ep.messages.append({"role": "user", "content": _format_error(error, names, fmt)})
     else:
         ep.format_streak = 0
         ep.messages.append(msg)
+        observed: list[str] = []
         for call in calls:
             if ep.env.done:
                 break
@@ -368,13 +377,19 @@ def _apply(ep: _Episode, turn: Turn, fmt: str, require_tool_call: bool, max_form
             if obs.lstrip().startswith("Error"):
                 ep.tool_errors += 1
             ep.messages.append({"role": "tool", "name": call.name, "content": obs})
+            observed.append(obs)
             if count_tokens is not None:
                 ep.episode_tokens += count_tokens(obs)
+        step = json.dumps([[c.name, dict(c.arguments)] for c in calls] + observed, sort_keys=True, default=str)
+        ep.repeat_streak = ep.repeat_streak + 1 if step == ep.last_step else 1
+        ep.last_step = step
 
     if ep.env.done:
         ep.finished = True
     elif max_format_errors > 0 and ep.format_streak >= max_format_errors:
         ep.finished, ep.stopped = True, "format_errors"
+    elif max_repeats > 0 and ep.repeat_streak >= max_repeats:
+        ep.finished, ep.stopped = True, "repeats"
     elif ep.turns >= ep.budget:
         ep.finished = ep.truncated = True
 

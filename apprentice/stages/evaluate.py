@@ -74,7 +74,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
     if out:  # the same file names in a folder of the caller's
         pq, js = Path(out) / pq.name, Path(out) / js.name
     out_dir = pq.parent
-    fp = shards.fingerprint(problems, pol_cfg, cfg, __name__, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors)
+    fp = shards.fingerprint(problems, pol_cfg, cfg, __name__, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors,
+                            max_repeats=ec.max_repeats)
 
     df = shards.existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
     skipped = df is not None
@@ -100,7 +101,8 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
             return distributed.run_episodes(rows, make_policy, engine=cfg.rollout.engine, ray=cfg.ray, **resume,
                                 samples_per_problem=ec.samples_per_problem,
                                 batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed,
-                                policy_id=name, max_format_errors=ec.max_format_errors)
+                                policy_id=name, max_format_errors=ec.max_format_errors,
+                                max_repeats=ec.max_repeats)
 
         df, _ = shards.run_sharded(problems, chunk, pq, fp, samples=ec.samples_per_problem, policy_id=name,
                                    shard_size=ec.shard_size, error_budget=ec.error_budget, seed=cfg.pipeline.seed)

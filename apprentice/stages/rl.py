@@ -79,7 +79,7 @@ def oracle_needs(problems: pd.DataFrame, tokenizer: Any) -> dict[str, Any]:
     """The oracle's tool calls and completion tokens per problem, as GRPO counts them: every token after
     the prompt (assistant turns and the tool responses the chat template wraps), through the model's own
     chat template. The oracle plays in milliseconds, so this costs a tokenization per problem."""
-    from apprentice.curriculum.budget import Need
+    from apprentice.curriculum import Need
     from apprentice.infra.distributed import run_episodes
     from apprentice.policies.oracle import OraclePolicy
 

@@ -215,6 +215,28 @@ def test_consecutive_format_errors_end_the_episode_when_asked():
     assert r.parse_errors == 2 and "stopped" not in r.extra
 
 
+def test_an_agent_repeating_the_same_step_is_stopped_when_asked():
+    """The same call with the same observation ``max_repeats`` turns in a row ends the episode; the same
+    call with a new observation each time (progress) does not, nor does a failed parse in between."""
+    stuck = FnPolicy(lambda conv: _turn(ToolCall("jump", {"by": 0})))  # "Error: ..." every time, nothing changes
+    (t,) = run_episodes(_specs([3]), stuck, env_factory=_env, progress=False, max_repeats=3)
+    assert (t.turns, t.success, t.truncated, t.extra["stopped"]) == (3, False, False, "repeats")
+    (full,) = run_episodes(_specs([3]), stuck, env_factory=_env, progress=False)  # default: never stop early
+    assert full.turns == full.extra["budget"] and "stopped" not in full.extra
+
+    counting = FnPolicy(lambda conv: _turn(ToolCall("inc", {})) if sum(m["role"] == "assistant" for m in conv) < 4
+                        else _turn(ToolCall("submit", {})))
+    (c,) = run_episodes(_specs([4]), counting, env_factory=_env, progress=False, max_repeats=2)
+    assert c.success and "stopped" not in c.extra  # inc, inc, inc, inc: the same call, a new count each time
+
+    def interrupted(conv):  # stuck, a parse error, stuck again: the streak restarts after the error
+        n = sum(m["role"] == "assistant" for m in conv)
+        return Turn({"role": "assistant", "content": "hm"}) if n == 2 else _turn(ToolCall("jump", {"by": 0}))
+
+    (i,) = run_episodes(_specs([6]), FnPolicy(interrupted), env_factory=_env, progress=False, max_repeats=3)
+    assert i.turns == 6 and i.extra["stopped"] == "repeats"  # 2 stuck, 1 error, 3 stuck
+
+
 def test_tool_errors_are_counted_and_do_not_stop_the_episode():
     script = [ToolCall("fly", {}), ToolCall("jump", {"by": -1}), ToolCall("jump", {"height": 2}),
               ToolCall("jump", {"by": 3}), ToolCall("submit", {})]
