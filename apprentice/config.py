@@ -330,7 +330,8 @@ class EvaluateConfig(Section):
     max_repeats: int = Field(
         3, ge=0, description="End an episode once the same calls got the same observations this many turns in a "
         "row (0 = never): a greedy agent that sees nothing change repeats itself to the end of its budget. "
-        "Evaluation and the frontier probe only (greedy); sampled episodes can still leave such a loop.")
+        "Greedy evaluation and the frontier probe only: at evaluate.temperature > 0 a sampled agent can leave "
+        "such a loop, so it plays on.")
     shard_size: int = Field(160, ge=1, description="Problems per flushed shard: a rerun runs unfinished shards "
                             "only. Larger than batch_size so finished episodes' places refill (the default "
                             "benchmark is one shard).")
@@ -350,6 +351,11 @@ class EvaluateConfig(Section):
                 f"pass@{too_big[0]} needs at least {too_big[0]} samples per problem but evaluate.samples_per_problem="
                 f"{self.samples_per_problem}; raise evaluate.samples_per_problem or drop {too_big} from evaluate.pass_k")
         return self
+
+    @property
+    def repeat_stop(self) -> int:
+        """``max_repeats`` where the episodes are greedy (a repeated step then repeats forever), else 0."""
+        return self.max_repeats if self.temperature == 0 else 0
 
 
 class PromoteConfig(Section):

@@ -34,33 +34,31 @@ class Need:
     tokens: int
 
 
-def within_budget(problems: pd.DataFrame, needs: Mapping[str, Need], max_tokens: int, max_calls: int,
-                  slack: float = SLACK) -> pd.DataFrame:
+def within_budget(problems: pd.DataFrame, needs: Mapping[str, Need], max_tokens: int, max_calls: int) -> pd.DataFrame:
     """The rows of ``problems`` (order kept) whose oracle episode fits ``max_calls`` calls and
-    ``slack`` x ``max_tokens`` tokens; a problem without a measured need is kept (nothing is known
+    ``SLACK`` x ``max_tokens`` tokens; a problem without a measured need is kept (nothing is known
     against it). When none fits, all are returned: RL on clipped episodes beats no RL, and the
     summary says so."""
-    keep = [fits(needs.get(str(pid)), max_tokens, max_calls, slack) for pid in problems["problem_id"]]
+    keep = [fits(needs.get(str(pid)), max_tokens, max_calls) for pid in problems["problem_id"]]
     if not any(keep):
         return problems
     return problems.loc[keep].reset_index(drop=True)
 
 
-def fits(need: Need | None, max_tokens: int, max_calls: int, slack: float = SLACK) -> bool:
-    return need is None or (need.calls <= max_calls and need.tokens <= slack * max_tokens)
+def fits(need: Need | None, max_tokens: int, max_calls: int) -> bool:
+    return need is None or (need.calls <= max_calls and need.tokens <= SLACK * max_tokens)
 
 
 def budget_summary(problems: pd.DataFrame, kept: pd.DataFrame, needs: Mapping[str, Need],
                    max_tokens: int, max_calls: int) -> dict[str, Any]:
-    """What the budget filter did, per family and level (for ``curriculum.json`` and the report)."""
+    """What the budget filter did, per family and level (written to the RL stage's ``curriculum.json``)."""
     over = problems.loc[~problems["problem_id"].astype(str).isin(set(kept["problem_id"].astype(str)))]
     measured = [needs[str(p)] for p in problems["problem_id"] if str(p) in needs]
     return {
         "budget": {"max_completion_length": max_tokens, "max_tool_calls": max_calls, "slack": SLACK},
-        "over_budget": len(over) if len(kept) < len(problems) else 0,
-        "over_budget_by_level": ({f"{f}/{lv}": int(n) for (f, lv), n in over.groupby(["family", "level"]).size().items()}
-                                 if len(kept) < len(problems) else {}),
-        "none_fit": len(kept) == len(problems) and not any(
+        "over_budget": len(over),
+        "over_budget_by_level": {f"{f}/{lv}": int(n) for (f, lv), n in over.groupby(["family", "level"]).size().items()},
+        "none_fit": len(problems) > 0 and not any(
             fits(needs.get(str(p)), max_tokens, max_calls) for p in problems["problem_id"]),
         "oracle_tokens_max": max((n.tokens for n in measured), default=0),
         "oracle_calls_max": max((n.calls for n in measured), default=0),

@@ -75,7 +75,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
         pq, js = Path(out) / pq.name, Path(out) / js.name
     out_dir = pq.parent
     fp = shards.fingerprint(problems, pol_cfg, cfg, __name__, samples=ec.samples_per_problem, max_format_errors=ec.max_format_errors,
-                            max_repeats=ec.max_repeats)
+                            max_repeats=ec.repeat_stop)
 
     df = shards.existing_if_complete(pq, fp, len(problems) * ec.samples_per_problem)
     skipped = df is not None
@@ -102,7 +102,7 @@ def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = 
                                 samples_per_problem=ec.samples_per_problem,
                                 batch_size=pol_cfg.batch_size, progress=progress and enabled(), seed=seed,
                                 policy_id=name, max_format_errors=ec.max_format_errors,
-                                max_repeats=ec.max_repeats)
+                                max_repeats=ec.repeat_stop)
 
         df, _ = shards.run_sharded(problems, chunk, pq, fp, samples=ec.samples_per_problem, policy_id=name,
                                    shard_size=ec.shard_size, error_budget=ec.error_budget, seed=cfg.pipeline.seed)

@@ -78,7 +78,7 @@ def probe(cfg: Config, paths: Paths, champ: dict[str, Any], problems: pd.DataFra
     _, pol_cfg = resolve_policy(str(champion_path(champ, paths.root)), default, cfg, paths)
     trajs = run_episodes(problems, lambda: build_policy(pol_cfg, cfg, paths), engine=cfg.rollout.engine, ray=cfg.ray,
                          batch_size=ec.batch_size, seed=cfg.frontier.seed, progress=enabled(),
-                         max_format_errors=ec.max_format_errors, max_repeats=ec.max_repeats,
+                         max_format_errors=ec.max_format_errors, max_repeats=ec.repeat_stop,
                          policy_id="frontier-probe")
     return trajectories_frame(trajs)
 
@@ -88,7 +88,7 @@ def _fingerprint(cfg: Config, paths: Paths, champ: dict[str, Any] | None) -> str
             "levels": cfg.synth.levels, "n_train": cfg.synth.n_train, "iteration": paths.iteration,
             "seed": cfg.pipeline.seed, "champion": (champ or {}).get("md5"), "ceilings": previous_ceilings(paths),
             "evaluate": [cfg.evaluate.max_new_tokens, cfg.evaluate.temperature, cfg.evaluate.max_format_errors,
-                         cfg.evaluate.max_repeats, cfg.model.dtype, cfg.model.chat_template]}
+                         cfg.evaluate.repeat_stop, cfg.model.dtype, cfg.model.chat_template]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from apprentice.config import Config
 from apprentice.paths import Paths, atomic_path
 from apprentice.progress import enabled  # APPRENTICE_QUIET=1: no bars
+
+if TYPE_CHECKING:
+    from apprentice.curriculum import Need
 
 CURRICULUM_FILE = "curriculum.json"
 
@@ -75,7 +78,7 @@ def in_window(paths: Paths, problems: pd.DataFrame) -> tuple[pd.DataFrame, dict[
     return picked, {"window": levels, "window_problems": len(picked)}
 
 
-def oracle_needs(problems: pd.DataFrame, tokenizer: Any) -> dict[str, Any]:
+def oracle_needs(problems: pd.DataFrame, tokenizer: Any) -> dict[str, Need]:
     """The oracle's tool calls and completion tokens per problem, as GRPO counts them: every token after
     the prompt (assistant turns and the tool responses the chat template wraps), through the model's own
     chat template. The oracle plays in milliseconds, so this costs a tokenization per problem."""

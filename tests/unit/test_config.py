@@ -73,3 +73,10 @@ def test_evaluate_drafts_takes_auto_true_or_false():
         assert load_config(ROOT / "params.yaml", overrides=[f"evaluate.drafts={text}"]).evaluate.drafts == value
     with pytest.raises(ConfigError, match=r"'evaluate.drafts'.*--set evaluate.drafts="):
         load_config(ROOT / "params.yaml", overrides=["evaluate.drafts=sometimes"])
+
+
+def test_repeat_stop_applies_to_greedy_evaluation_only():
+    """A sampled agent can leave a loop of identical steps, so sampled evaluation plays on."""
+    assert load_config(ROOT / "params.yaml").evaluate.repeat_stop == 3
+    sampled = load_config(ROOT / "params.yaml", overrides=["evaluate.temperature=0.7"])
+    assert sampled.evaluate.max_repeats == 3 and sampled.evaluate.repeat_stop == 0
