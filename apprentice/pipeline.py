@@ -288,7 +288,7 @@ STAGES: tuple[Stage, ...] = (
                 "apprentice/templates"),
           io=_loop_data, builds_envs=True, results=lambda p: [p.loop_record], tags=("rule", "start")),
     Stage("sft", "apprentice.stages.sft",
-          params=("sft", "model", "pipeline.seed"), later_params=("loop.rule", "loop.lr_factor", "loop.warmup_steps"),
+          params=("sft", "model", "pipeline.seed"), later_params=("loop.rule", "loop.lr_factor", "loop.warmup_steps", "loop.max_steps"),
           code=("apprentice/training", "apprentice/lm/modeling.py", "apprentice/templates", "apprentice/data/trajectories.py"),
           io=_sft, results=lambda p: [p.sft_start], tags=("start_model.",), curve="sft"),
     Stage("rl", "apprentice.stages.rl",

@@ -20,6 +20,12 @@ so SFT can learn a level the champion does not solve yet; RL then draws from the
 Everything here is a pure function over pass-rate tables, so the rules are tested without a model.
 Per family, with the probe's rates ``r[L]`` and ``FrontierConfig`` (``target``, ``band``):
 
+* the rates are first made **monotone** in level (:func:`monotone`, weighted isotonic regression): the
+  generators' contract is that a level is no easier than the one below (``check-env`` checks it), so a
+  lower level that probes below a higher one is probe noise (8 problems a cell), and pooling the two
+  removes it. Without it, 6 / 8 at level 0 under 8 / 8 at level 1 kept a solved family's whole mix on
+  its two easiest levels.
+
 * **mastered**: ``r > target + band``; **band**: ``target - band <= r <= target + band``; **hard**:
   below the band.
 * the **frontier window** ``[lo, hi]``: ``lo`` is the lowest level not mastered; ``hi`` the highest
@@ -78,6 +84,21 @@ def status(rate: float, target: float, band: float) -> str:
     if rate > target + band:
         return MASTERED
     return BAND if rate >= target - band else HARD
+
+
+def monotone(probe: Sequence[Cell]) -> dict[str, dict[int, float]]:
+    """Family -> level -> pass rate, non-increasing in level: the weighted (by episodes) isotonic
+    regression of the probe's rates (``scipy.optimize.isotonic_regression``, pool adjacent violators)."""
+    from scipy.optimize import isotonic_regression
+
+    out: dict[str, dict[int, float]] = {}
+    for fam in sorted({c.family for c in probe}):
+        row = sorted((c for c in probe if c.family == fam and c.n), key=lambda c: c.level)
+        if not row:
+            continue
+        fit = isotonic_regression([c.rate for c in row], weights=[c.n for c in row], increasing=False).x
+        out[fam] = {c.level: float(r) for c, r in zip(row, fit, strict=True)}
+    return out
 
 
 def cells(families: Iterable[str], levels: Iterable[int], successes: Iterable[bool | int | float]) -> list[Cell]:
@@ -179,11 +200,14 @@ def decide(probe: Sequence[Cell], families: Sequence[str], tops: Mapping[str, in
     """The next iteration's synthesis mix from the champion's probe: per family its window and its
     level -> count mix, and the probe's cells with their intervals and status (``frontier.json``)."""
     per_family = split_families(n, families)
+    pooled = monotone(probe)
     out: dict[str, Any] = {"cells": [c.record(target, band) for c in probe], "families": {},
                            "rates": {f: {str(c.level): round(c.rate, 4) for c in probe if c.family == f}
-                                     for f in families}}
+                                     for f in families},
+                           "monotone_rates": {f: {str(lv): round(r, 4) for lv, r in pooled.get(f, {}).items()}
+                                              for f in families}}
     for f in families:
-        rates = {c.level: c.rate for c in probe if c.family == f}
+        rates = pooled.get(f, {})
         win = window(f, rates, tops[f], target, band)
         out["families"][f] = {"window": [win.lo, win.hi], "above": list(win.above), "replay": list(win.replay),
                               "ceiling": win.ceiling, "past_range": win.past_range,

@@ -139,7 +139,8 @@ def build(cfg: Config, paths: Paths) -> tuple[pd.DataFrame, pd.DataFrame, dict[s
                                  trained_start=start["version"] > 0)
     summary.update({"rows": len(rows), "by_source": {s: int(n) for s, n in rows[loop.SOURCE].value_counts().sort_index().items()},
                     "start": start["source"],
-                    "sft_learning_rate": lr, "sft_warmup_steps": warm})
+                    "sft_learning_rate": lr, "sft_warmup_steps": warm,
+                    "sft_max_steps": loop.sft_steps(k, cfg.sft.max_steps, lc.max_steps)})
     return rows, champion, summary
 
 

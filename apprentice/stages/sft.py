@@ -5,7 +5,8 @@ after promote-(k-1), read from ``reports/iter_{k-1}/promotion.json`` (its ``cham
 model the registry calls best, or the base model while no candidate has beaten it). A challenger
 that lost is never trained further. The loop rule (``loop.rule``, :mod:`apprentice.training.loop_rules`) decides
 the rest: ``restart`` starts every iteration from the base model; the rules that continue from the
-champion train at ``sft.learning_rate x loop.lr_factor`` with ``loop.warmup_steps`` of warm-up. The
+champion train at ``sft.learning_rate x loop.lr_factor`` with ``loop.warmup_steps`` of warm-up; every
+rule trains ``loop.max_steps`` steps after iteration 1 (its set holds the replay too). The
 data is the loop-data stage's ``data/iter_k/train.parquet`` (the validated set mixed by the rule). The record is a DVC dependency of this stage and names the
 weights by md5, so ``dvc repro`` rebuilds the same chain without MLflow. The start model (path +
 md5 + where it came from) is written to ``reports/iter_k/sft_start.json`` (DVC metrics; logged to
@@ -54,7 +55,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
     from apprentice.gate import require_passed
     from apprentice.lm.modeling import load_tokenizer
     from apprentice.training import common
-    from apprentice.training.loop_rules import sft_schedule
+    from apprentice.training.loop_rules import sft_schedule, sft_steps
     from apprentice.training.sft import train_sft
 
     require_passed(paths.sft_data, paths.gate_record)  # never train on data the gate did not pass
@@ -69,7 +70,8 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
                                   sort_keys=True) + "\n")
     lr, warmup = sft_schedule(cfg.loop.rule, paths.iteration, cfg.sft.learning_rate, cfg.loop.lr_factor,
                               cfg.loop.warmup_steps, trained_start=start["version"] > 0)
-    sft_cfg = cfg.sft.model_copy(update={"learning_rate": lr})
+    steps = sft_steps(paths.iteration, cfg.sft.max_steps, cfg.loop.max_steps)
+    sft_cfg = cfg.sft.model_copy(update={"learning_rate": lr, "max_steps": steps})
     stamp = common.fingerprint({"sft": sft_cfg.model_dump(), "model": cfg.model.model_dump(), "warmup": warmup,
                                 "start": _rel(Path(base), paths.root)},
                                [paths.train_data, Path(base)])
@@ -80,7 +82,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, **_: Any)
     result = train_sft(base, tok, records, paths.sft_model, sft_cfg, dtype=cfg.model.dtype, stamp=stamp,
                        callbacks=callbacks or [], warmup_steps=warmup)
     return {"start_model": base, "start_model_md5": start["md5"], "start_source": start["source"],
-            "learning_rate": lr, "warmup_steps": warmup, **result}
+            "learning_rate": lr, "warmup_steps": warmup, "max_steps": steps, **result}
 
 
 def train_records(paths: Paths) -> list[dict[str, Any]]:

@@ -58,6 +58,12 @@ def sft_schedule(rule: str, iteration: int, learning_rate: float, lr_factor: flo
     return learning_rate, 0
 
 
+def sft_steps(iteration: int, max_steps: int, loop_steps: int) -> int:
+    """Iteration ``iteration``'s SFT steps: ``sft.max_steps`` in iteration 1, ``loop.max_steps`` (when > 0)
+    after it, where the set is the new data plus the replay of earlier iterations'."""
+    return loop_steps if iteration > 1 and loop_steps > 0 else max_steps
+
+
 def _tagged(df: pd.DataFrame, source: str) -> pd.DataFrame:
     out = df.copy()
     out[SOURCE] = source

@@ -185,6 +185,9 @@ def test_sft_start_and_schedule_follow_the_rule(tmp_path):
     assert loop.sft_schedule("continue", 1, 2e-4, 0.1, 2) == (2e-4, 0)  # iteration 1 is the base recipe
     # a champion that is still the base model (no candidate beat it) fits nothing yet: the base recipe
     assert loop.sft_schedule("continue", 2, 2e-4, 0.1, 2, trained_start=False) == (2e-4, 0)
+    # iteration k > 1 trains loop.max_steps on its larger set (new + replay); 0 keeps sft.max_steps
+    assert [loop.sft_steps(k, 16, 48) for k in (1, 2, 3)] == [16, 48, 48]
+    assert loop.sft_steps(2, 16, 0) == 16
 
 
 def test_a_trained_checkpoint_keeps_the_base_tokenizer_template_and_generation_config(tmp_path, tiny_model_dir):
