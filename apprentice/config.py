@@ -462,8 +462,8 @@ class LoopConfig(Section):
     lr_factor: float = Field(0.1, gt=0, le=1, description="From the champion: SFT runs at sft.learning_rate x this.")
     warmup_steps: int = Field(2, ge=0, description="From the champion: linear warm-up steps of the learning rate.")
     max_steps: int = Field(48, ge=0, description="Iteration k > 1: SFT steps (0 = sft.max_steps). Its set is the new "
-                           "data plus the replay, twice iteration 1's at replay_share 0.5; 16 steps of 4 saw 64 of its 400 "
-                           "rows and left the champion where it was.")
+                           "data plus the replay, twice iteration 1's at replay_share 0.5: at sft.max_steps it saw a sixth "
+                           "of it and left the champion where it was (docs/experiments.md).")
     replay_share: float = Field(0.5, ge=0, lt=1, description="From the champion: share of the SFT set drawn from "
                                 "earlier iterations' validated data (< 1: the new data always stays).")
     self_share: float = Field(0.5, ge=0, le=1, description="self: share of the new data that is the champion's own "

@@ -23,8 +23,8 @@ Per family, with the probe's rates ``r[L]`` and ``FrontierConfig`` (``target``, 
 * the rates are first made **monotone** in level (:func:`monotone`, weighted isotonic regression): the
   generators' contract is that a level is no easier than the one below (``check-env`` checks it), so a
   lower level that probes below a higher one is probe noise (8 problems a cell), and pooling the two
-  removes it. Without it, 6 / 8 at level 0 under 8 / 8 at level 1 kept a solved family's whole mix on
-  its two easiest levels.
+  removes it. Without it, one failed probe episode on a solved level kept a family's mix on its easiest
+  levels, below the level it was failing.
 
 * **mastered**: ``r > target + band``; **band**: ``target - band <= r <= target + band``; **hard**:
   below the band.
