@@ -365,6 +365,22 @@ class PromoteConfig(Section):
     candidate: Literal["sft", "rl", "student"] = Field(
         "rl", description="Which model of the iteration is registered and becomes `challenger`."
     )
+    alternates: list[Literal["sft", "rl", "student"]] = Field(
+        ["sft"], description="Other models of the iteration tested against the champion beside `candidate`; the "
+        "one with the smallest p is promoted when p < alpha / (number tested) (Bonferroni: the chance of promoting "
+        "a model no better than the champion stays <= alpha). [] tests `candidate` alone.")
+
+    @field_validator("alternates")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"promote.alternates lists a model twice ({v}); list each at most once")
+        return v
+
+    @property
+    def kinds(self) -> list[str]:
+        """The models tested, ``candidate`` first (it wins ties, and is registered when none is promoted)."""
+        return list(dict.fromkeys([self.candidate, *self.alternates]))
 
 
 class LineageConfig(Section):

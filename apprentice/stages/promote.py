@@ -1,10 +1,17 @@
 """Stage ``promote``: register the iteration's candidate, move the aliases, name the next start model.
 
-Every evaluated candidate (``promote.candidate`` of iteration k, default the RL model) is registered
-in MLflow by reference and becomes ``challenger``. ``champion`` moves to it only when it wins an
-exact McNemar test against the incumbent on the *same* benchmark episodes (matched by problem id and
-sample) with ``p < promote.alpha``; otherwise the champion stays and the version, the run and
-``reports/iter_k/promotion.json`` record why. The incumbent of an empty registry is the base model
+The iteration's models ``promote.kinds`` (``promote.candidate``, default the RL model, then
+``promote.alternates``, default SFT) are each tested against the incumbent: an exact McNemar test on
+the *same* benchmark episodes (matched by problem id and sample), each at ``promote.alpha / m`` for
+the m models tested. The winner with the smallest p (else the candidate) is registered in MLflow by
+reference and becomes ``challenger``; ``champion`` moves to it only when it won. Otherwise the champion
+stays and the version, the run and ``reports/iter_k/promotion.json`` (every model's test under
+``tested``) record why.
+
+Why SFT is tested too: a few GRPO steps on a CPU budget are a noisy update that can undo what the
+iteration's SFT learned (docs/experiments.md measures it). Promoting whichever of the two beats the
+champion keeps the loop climbing when RL does not help; the Bonferroni split keeps the chance of
+promoting a model no better than the champion at ``alpha`` although two models had a chance. The incumbent of an empty registry is the base model
 (its benchmark evaluation, ``data/benchmark/eval/base``): a first candidate that does not beat the
 model the loop started from does not become champion either, so the alias never points at a model
 worse on the benchmark than what it replaced. If the champion was never evaluated on the benchmark
@@ -239,23 +246,60 @@ def _champion_results(champ: dict[str, Any], challenger: pd.DataFrame, cfg: Conf
     return read_parquet(res["episodes"])
 
 
+def choose(decisions: dict[str, dict[str, Any]]) -> str:
+    """Which tested model the iteration puts forward (pure, for tests): among those whose decision
+    promotes, the smallest p (ties: the earlier in ``decisions``' order); if none promotes, the first.
+
+    The decisions must come from :func:`decide` at ``alpha / len(decisions)``: picking the best of m
+    models on the same benchmark and testing it at ``alpha`` would promote a model no better than the
+    champion with probability up to ``m * alpha``; Bonferroni keeps it at ``alpha``."""
+    order = list(decisions)
+    wins = [k for k in order if decisions[k]["promote"]]
+    if not wins:
+        return order[0]
+    return min(wins, key=lambda k: (decisions[k].get("p_value", 0.0), order.index(k)))
+
+
+def _tested(cfg: Config, paths: Paths, eval_ids: list[str]) -> dict[str, pd.DataFrame]:
+    """The evaluation tables of ``promote.kinds``: the candidate's must exist, an alternate without one
+    (a pipeline that does not evaluate it) is not tested. Each is complete and passes the gate."""
+    out = {}
+    for kind in cfg.promote.kinds:
+        table = paths.eval_episodes(kind)
+        if kind != cfg.promote.candidate and not table.is_file():
+            continue
+        df = read_parquet(table)
+        check_coverage(df, eval_ids, f"challenger table {table}", kind)
+        _gate(df, eval_ids, str(table))
+        out[kind] = df
+    return out
+
+
+def _weights(paths: Paths, kind: str) -> tuple[Path, str, str, str]:
+    """(weights folder, its project-relative path, DVC's md5 of it, the digest the registry records)."""
+    weights = getattr(paths, _MODEL_DIR[kind])
+    rel = str(weights.relative_to(paths.root))
+    md5 = lock_md5(paths.root, f"{_PRODUCER[kind]}-{paths.iteration}", rel)
+    return weights, rel, md5, weights_digest(weights, md5)
+
+
 def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
     pc = cfg.promote
-    cand = pc.candidate
-    table = paths.eval_episodes(cand)
-    challenger = read_parquet(table)
     eval_ids = sorted(read_parquet(paths.eval_problems)["problem_id"].astype(str).unique())
-    check_coverage(challenger, eval_ids, f"challenger table {table}", cand)
-    _gate(challenger, eval_ids, str(table))
+    tables = _tested(cfg, paths, eval_ids)
 
     lineage.configure(cfg.lineage.tracking_uri, cfg.lineage.experiment, paths.root)
     name = pc.registered_model
-    weights = getattr(paths, _MODEL_DIR[cand])
-    rel = str(weights.relative_to(paths.root))
-    md5 = lock_md5(paths.root, f"{_PRODUCER[cand]}-{paths.iteration}", rel)
-    digest = weights_digest(weights, md5)
-    prior = lineage.find_version(name, rel, digest)  # these weights registered by an earlier attempt
+    # a rerun after a kill: the model an earlier attempt registered (with its decision) is the one chosen
+    prior, cand = None, str(pc.candidate)
+    for kind in tables:
+        rel_k, digest_k = _weights(paths, kind)[1::2]
+        found = lineage.find_version(name, rel_k, digest_k)
+        if _recorded(found):
+            prior, cand = found, kind
+            break
     recorded = _recorded(prior)
+    tests: dict[str, dict[str, Any]] = {}
     if recorded and prior is not None:  # a rerun: repeat the decision recorded with the version
         decision = recorded
         before = prior["tags"].get("champion_before", "none")
@@ -263,13 +307,24 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
                  else None if before == "none" else {"version": before, "tags": {}})
     else:
         champ = lineage.alias_version(name, lineage.CHAMPION)
-        champ_df = _champion_results(champ, challenger, cfg, paths) if champ else _base_results(paths)
+        champ_df = _champion_results(champ, tables[pc.candidate], cfg, paths) if champ else _base_results(paths)
         if champ_df is not None:
             incumbent = f"champion v{champ['version']} episodes" if champ else "base-model episodes"
             check_coverage(champ_df, eval_ids, incumbent, "" if champ else "base")
             _gate(champ_df, eval_ids, incumbent)
-            check_same_pairs(challenger, champ_df, eval_ids)
-        decision = decide(challenger, champ_df, pc.alpha, champ is not None)
+            for df in tables.values():
+                check_same_pairs(df, champ_df, eval_ids)
+        alpha = pc.alpha / len(tables)
+        tests = {kind: decide(df, champ_df, alpha, champ is not None) for kind, df in tables.items()}
+        cand = choose(tests)
+        decision = dict(tests[cand])
+        if len(tables) > 1:
+            decision["reason"] += (f" ({cand} of {', '.join(tables)}, each tested at alpha / {len(tables)} = "
+                                   f"{alpha:.4g})")
+    challenger = tables[cand]
+    table = paths.eval_episodes(cand)
+    weights, rel, md5, digest = _weights(paths, cand)
+    prior = prior or lineage.find_version(name, rel, digest)  # registered by an older version, undecided
 
     git = lineage.git_commit(paths.root)
     success = float(challenger["success"].mean())
@@ -294,6 +349,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         lineage.set_tags(run_id, record)
         lineage.tag_version(name, version, {"promotion": record["promote.decision"],
                                             "promotion_reason": decision["reason"]})
+    champion: dict[str, Any]
     if decision["promote"]:
         champion = {"version": int(version), "kind": cand, "iteration": paths.iteration, "weights_path": rel,
                     "root": ".", "md5": md5 or weights_md5(weights)}
@@ -311,6 +367,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
            "reason": decision["reason"], "champion_version": int(champion_now),
            "champion_before": int(champ["version"]) if champ else 0, "challenger_success": success,
            "weights_path": rel, "dvc_md5": md5, "champion": champion,
+           "tested": tests,
            **{k: v for k, v in decision.items() if k not in ("promote", "reason")}}
     path = paths.promotion
     with atomic_path(path) as tmp:

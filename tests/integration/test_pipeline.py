@@ -134,7 +134,7 @@ def test_killed_flow_resumes_and_records_lineage(project):
     assert "iter 1 rl" in table and "iter 2 rl" in table and table.count("\nbase ") == 1
     mv = c.get_model_version(name, "1")
     assert mv.run_id == names["promote-1"].info.run_id
-    cand = yaml.safe_load((wd / "params.yaml").read_text())["promote"]["candidate"]  # the model it registers
+    cand = promo1["candidate"]  # the model it registered: promote.candidate, or an alternate that won
     producer = {"sft": "sft-1", "rl": "rl-1", "student": "distill-1"}[cand]
     cand_md5 = next(o["md5"] for o in lock[producer]["outs"] if o["path"] == f"models/iter_1/{cand}")
     assert mv.tags["dvc_md5"] == cand_md5 and mv.tags["weights_path"] == f"models/iter_1/{cand}"

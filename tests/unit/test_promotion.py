@@ -253,3 +253,57 @@ def test_a_champion_whose_table_was_rewritten_is_not_compared_on_the_new_rows(st
     with pytest.warns(UserWarning, match="changed since it was registered"):
         res = promote.run(cfg, _iteration(store, 2, [True] * 12 + [False] * 18, cand))  # worse than v1's 25
     assert not res["promoted"] and res["champion_version"] == 1 and "no evaluation" in res["reason"]
+
+
+def test_choose_takes_the_smallest_winning_p_and_falls_back_to_the_candidate():
+    from apprentice.stages.promote import choose
+
+    assert choose({"rl": {"promote": True, "p_value": 0.01}, "sft": {"promote": True, "p_value": 0.001}}) == "sft"
+    assert choose({"rl": {"promote": True, "p_value": 0.01}, "sft": {"promote": False, "p_value": 0.2}}) == "rl"
+    assert choose({"rl": {"promote": False, "p_value": 0.3}, "sft": {"promote": False, "p_value": 0.04}}) == "rl"
+    assert choose({"rl": {"promote": True}, "sft": {"promote": True}}) == "rl"  # no test (empty registry, no base)
+
+
+def _alternate(paths: Paths, kind: str, successes: list[bool]) -> None:
+    write_parquet(_episodes(successes, kind), paths.eval_dir / f"{kind}.parquet")
+    getattr(paths, f"{kind}_model").mkdir(parents=True, exist_ok=True)
+
+
+def test_sft_is_promoted_when_rl_gives_back_what_it_learned(store):
+    """RL-2 loses to the champion but SFT-2 beats it at alpha / 2: SFT-2 becomes champion and the next
+    iteration starts from it; both tests are recorded."""
+    from apprentice.ops import lineage
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml", overrides=["promote.candidate=rl", "promote.alternates=[sft]"])
+    promote.run(cfg, _iteration(store, 1, [True] * 20 + [False] * 10, "rl"))
+    paths = _iteration(store, 2, [True] * 15 + [False] * 15, "rl")
+    _alternate(paths, "sft", [True] * 30)
+    res = promote.run(cfg, paths)
+    assert res["promoted"] and res["candidate"] == "sft" and res["champion_version"] == 2
+    assert set(res["tested"]) == {"rl", "sft"} and not res["tested"]["rl"]["promote"]
+    assert res["tested"]["sft"]["p_value"] < 0.025 and "alpha / 2" in res["reason"]
+    assert res["champion"]["kind"] == "sft" and res["champion"]["weights_path"] == "models/iter_2/sft"
+    v2 = lineage.alias_version(cfg.promote.registered_model, "champion")
+    assert v2["tags"][lineage.TAG_KIND] == "sft" and v2["tags"]["weights_path"] == "models/iter_2/sft"
+    assert start_record(cfg, Paths(store, 3))["path"] == str(store / "models/iter_2/sft")
+    again = promote.run(cfg, paths)  # a rerun repeats the decision and registers nothing new
+    assert again["candidate"] == "sft" and again["version"] == res["version"] and again["promoted"]
+
+
+@pytest.mark.parametrize("alternates, promoted", [("[]", True), ("[sft]", False)])
+def test_testing_two_models_halves_each_ones_alpha(store, alternates, promoted):
+    """6 wins and no loss against the base model: p = 0.031, significant at 0.05 alone, not at 0.05 / 2."""
+    from apprentice.stages import promote
+
+    cfg = load_config(REPO / "params.yaml", overrides=["promote.candidate=rl", f"promote.alternates={alternates}"])
+    paths = _iteration(store, 1, [True] * 6 + [False] * 24, "rl")
+    _alternate(paths, "sft", [True] * 5 + [False] * 25)
+    res = promote.run(cfg, paths)
+    assert res["promoted"] is promoted and res["candidate"] == "rl"
+    assert len(res["tested"]) == (1 if alternates == "[]" else 2)
+
+
+def test_an_alternate_listed_twice_fails_at_load():
+    with pytest.raises(ValueError, match="promote.alternates"):
+        load_config(REPO / "params.yaml", overrides=["promote.alternates=[sft,sft]"])
