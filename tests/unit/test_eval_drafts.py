@@ -29,3 +29,18 @@ def test_each_model_drafts_from_the_model_it_was_trained_from_where_that_one_was
     assert draft_source(cfg, one, "sft") is None  # iteration 1's SFT starts from the base model
     assert draft_source(cfg, two, "sft") == rl1  # iteration 2's continues from the candidate
     assert draft_source(cfg, one, "base") is None and draft_source(cfg, one, "/some/model") is None
+
+
+def test_sft_of_iteration_k_drafts_from_the_champion_the_promotion_record_names(tmp_path):
+    """With SFT promoted in iteration 2 (an alternate that beat the champion), SFT-3 continues from SFT-2."""
+    import json
+
+    cfg = load_config(ROOT / "params.yaml", overrides=["promote.candidate=rl"])
+    two, three = Paths(tmp_path, 2), Paths(tmp_path, 3)
+    sft2, _ = _touch(two.eval_episodes("sft")), _touch(two.eval_episodes("rl"))
+    two.promotion.parent.mkdir(parents=True, exist_ok=True)
+    two.promotion.write_text(json.dumps({"champion": {"kind": "sft", "iteration": 2, "version": 2}}))
+    assert draft_source(cfg, three, "sft") == sft2
+    two.promotion.write_text(json.dumps({"champion": {"kind": "base", "iteration": 0, "version": 0}}))
+    base = _touch(two.eval_episodes("base"))
+    assert draft_source(cfg, three, "sft") == base
