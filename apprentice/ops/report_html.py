@@ -383,6 +383,11 @@ def _promotion(promo: dict[str, Any], alpha: Any) -> str:
                                         f"v{_e(promo.get('champion_version'))}"],
             ["weights (DVC)", f"<code>{_e(promo.get('weights_path', ''))}</code> md5 "
                               f"<code>{_e(promo.get('dvc_md5', ''))}</code>"]]
+    tested = promo.get("tested") or {}
+    if len(tested) > 1:  # every model of the iteration tested against the champion, each at alpha / m
+        rows.insert(2, [f"models tested (each at alpha / {len(tested)})", ", ".join(
+            f"{_e(k)}: {_pct(t.get('challenger_success'))}, {_e(t.get('challenger_only', '–'))} / "
+            f"{_e(t.get('champion_only', '–'))}, p = {_f(t.get('p_value'), '.4g')}" for k, t in tested.items())])
     return card + _table(None, rows)
 
 

@@ -45,7 +45,9 @@ def _iteration(root, k: int, promoted: bool, p_value: float | None) -> Paths:
         "reason": "challenger wins the paired test" if promoted else "not significant; champion kept",
         "champion_version": k if promoted else 1, "champion_before": k - 1, "challenger_success": 0.6,
         "champion_success": 0.4 if p_value is not None else None, "p_value": p_value, "n_pairs": 20,
-        "challenger_only": 5, "champion_only": 1, "weights_path": f"models/iter_{k}/rl", "dvc_md5": "abc123"}))
+        "challenger_only": 5, "champion_only": 1, "weights_path": f"models/iter_{k}/rl", "dvc_md5": "abc123",
+        "tested": {"rl": {"p_value": p_value, "challenger_success": 0.6, "challenger_only": 5, "champion_only": 1},
+                   "sft": {"p_value": 0.0312, "challenger_success": 0.55, "challenger_only": 6, "champion_only": 0}}}))
     return paths
 
 
@@ -74,6 +76,7 @@ def test_report_shows_every_section_from_stage_outputs(tmp_path):
     assert page.count("<svg") >= 4  # success chart, sft + rl curves, champion trend
     assert "No distill training log yet" in page  # the missing stage says how to produce it
     assert "kept as challenger" in page and "0.21" in page and "exact McNemar" in page
+    assert "models tested (each at alpha / 2)" in page and "sft: 55.0%, 6 / 0, p = 0.0312" in page
     assert "iteration 1" in page and "iteration 2" in page  # the trend covers every promotion so far
     assert "feedbeef.dir" in page and "other.dir" not in page and ">code<" not in page  # this iteration, data only
     assert "s" * 32 in page and "0123456789abcdef" in page
