@@ -11,10 +11,12 @@ stays and the version, the run and ``reports/iter_k/promotion.json`` (every mode
 Why SFT is tested too: a few GRPO steps on a CPU budget are a noisy update that can undo what the
 iteration's SFT learned (docs/experiments.md measures it). Promoting whichever of the two beats the
 champion keeps the loop climbing when RL does not help; the Bonferroni split keeps the chance of
-promoting a model no better than the champion at ``alpha`` although two models had a chance. The incumbent of an empty registry is the base model
-(its benchmark evaluation, ``data/benchmark/eval/base``): a first candidate that does not beat the
-model the loop started from does not become champion either, so the alias never points at a model
-worse on the benchmark than what it replaced. If the champion was never evaluated on the benchmark
+promoting a model no better than the champion at ``alpha`` although two models had a chance.
+
+The incumbent of an empty registry is the base model (its benchmark evaluation,
+``data/benchmark/eval/base``): a first candidate that does not beat the model the loop started from
+does not become champion either, so the alias never points at a model worse on the benchmark than
+what it replaced. If the champion was never evaluated on the benchmark
 (the benchmark params changed), it is evaluated here first (``reports/iter_k/champion_eval/``).
 
 The record's ``champion`` entry (weights path + md5 of the model the registry now calls best, or
@@ -299,7 +301,6 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
             prior, cand = found, kind
             break
     recorded = _recorded(prior)
-    tests: dict[str, dict[str, Any]] = {}
     if recorded and prior is not None:  # a rerun: repeat the decision recorded with the version
         decision = recorded
         before = prior["tags"].get("champion_before", "none")
@@ -317,7 +318,7 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
         alpha = pc.alpha / len(tables)
         tests = {kind: decide(df, champ_df, alpha, champ is not None) for kind, df in tables.items()}
         cand = choose(tests)
-        decision = dict(tests[cand])
+        decision = {**tests[cand], "tested": tests}  # recorded with the version: a rerun repeats all of it
         if len(tables) > 1:
             decision["reason"] += (f" ({cand} of {', '.join(tables)}, each tested at alpha / {len(tables)} = "
                                    f"{alpha:.4g})")
@@ -367,7 +368,6 @@ def run(cfg: Config, paths: Paths, **_: Any) -> dict[str, Any]:
            "reason": decision["reason"], "champion_version": int(champion_now),
            "champion_before": int(champ["version"]) if champ else 0, "challenger_success": success,
            "weights_path": rel, "dvc_md5": md5, "champion": champion,
-           "tested": tests,
            **{k: v for k, v in decision.items() if k not in ("promote", "reason")}}
     path = paths.promotion
     with atomic_path(path) as tmp:

@@ -289,6 +289,7 @@ def test_sft_is_promoted_when_rl_gives_back_what_it_learned(store):
     assert start_record(cfg, Paths(store, 3))["path"] == str(store / "models/iter_2/sft")
     again = promote.run(cfg, paths)  # a rerun repeats the decision and registers nothing new
     assert again["candidate"] == "sft" and again["version"] == res["version"] and again["promoted"]
+    assert set(again["tested"]) == {"rl", "sft"} and again["tested"]["sft"]["challenger_only"] == 30 - 20
 
 
 @pytest.mark.parametrize("alternates, promoted", [("[]", True), ("[sft]", False)])
