@@ -451,8 +451,9 @@ class FrontierConfig(Section):
     target: float = Field(0.5, gt=0, lt=1, description="The pass rate the window is centred on.")
     band: float = Field(0.3, gt=0, lt=1, description="A level is in the band when |pass rate - target| <= band, "
                         "mastered above it.")
-    replay_share: float = Field(0.2, ge=0, lt=1, description="Share of the problems on mastered levels below the "
-                                "window (so the climb does not forget them).")
+    replay_share: float = Field(0.4, ge=0, lt=1, description="Share of the problems on mastered levels below the "
+                                "window (so the climb does not forget them); no such level gets more problems "
+                                "than a window level, the rest goes to the window.")
     explore_share: float = Field(0.2, ge=0, lt=1, description="Share on the level above the window (demonstrated "
                                  "before the champion reaches it).")
     probe_per_cell: int = Field(8, ge=1, description="Dev problems probed per family x level (greedy, one "
@@ -475,7 +476,8 @@ class LoopConfig(Section):
         "continue", description="continue: from the champion at a lower learning rate with replay; restart: from "
         "the base model on the union of all validated data; self: continue + the champion's verifier-passed "
         "rollouts; repair: continue + the champion's failures cut at the first error, continued by the teacher.")
-    lr_factor: float = Field(0.1, gt=0, le=1, description="From the champion: SFT runs at sft.learning_rate x this.")
+    lr_factor: float = Field(0.1, gt=0, le=1, description="From the champion: SFT runs at sft.learning_rate x this, "
+                             "GRPO at rl.learning_rate x this.")
     warmup_steps: int = Field(2, ge=0, description="From the champion: linear warm-up steps of the learning rate.")
     max_steps: int = Field(48, ge=0, description="Iteration k > 1: SFT steps (0 = sft.max_steps). Its set is the new "
                            "data plus the replay, twice iteration 1's at replay_share 0.5: at sft.max_steps it saw a sixth "

@@ -295,6 +295,7 @@ STAGES: tuple[Stage, ...] = (
           params=("rl", "curriculum", "model", "pipeline.seed",  # + the probe's generation settings
                   "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.max_format_errors",
                   "curriculum.evolve.feed"),  # the generation scheduler's feed of evolved problems
+          later_params=("loop.rule", "loop.lr_factor"),  # GRPO's rate scales as SFT's from iteration 2
           code=("apprentice/training", "apprentice/lm/modeling.py", "apprentice/rollout/episodes.py", "apprentice/envs",
                 "apprentice/templates", "apprentice/curriculum"),
           io=_rl, builds_envs=True, curve="rl"),

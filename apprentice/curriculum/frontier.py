@@ -34,7 +34,10 @@ Per family, with the probe's rates ``r[L]`` and ``FrontierConfig`` (``target``, 
   the teacher demonstrates it either way).
 * **above**: the level after ``hi`` (``explore_share`` of the problems), so a level is demonstrated
   before the champion reaches it; **replay**: the mastered levels below ``lo`` (``replay_share``), so
-  the climb does not forget them. A share with no level to go to goes to the window.
+  the climb does not forget them, none with more problems than a window level. A share with no level
+  to go to goes to the window. Replay is large because a new level can teach a behaviour that
+  contradicts the mastered ones (two hops where one was enough): a model trained mostly on the new
+  level applies it everywhere (docs/experiments.md, "Replay keeps the mastered levels").
 * the **ceiling** is the highest level planned; it rises as levels are mastered, and it never passes
   the family's top level (:meth:`apprentice.envs.base.Environment.top_level`): a family whose every
   level is mastered is *past its range* (recorded; evolution is where harder problems come from then).
@@ -161,10 +164,15 @@ def allocate(n: int, weights: Sequence[float]) -> list[int]:
 
 def mix(win: Window, n: int, replay_share: float, explore_share: float) -> dict[int, int]:
     """Level -> problems for one family: ``replay_share`` over the replay levels, ``explore_share``
-    over the level above, the rest over the window (each part split evenly over its levels)."""
+    over the level above, the rest over the window (each part split evenly over its levels). A replay
+    level gets no more problems than a window level: replay keeps a mastered level, it does not train it
+    (one mastered level below a three-level window would otherwise take the whole share)."""
+    per_window_level = (1.0 - replay_share - explore_share) / len(win.band_levels)
+    replay = min(replay_share, per_window_level * len(win.replay))  # no mastered level above a window level
     parts: list[tuple[tuple[int, ...], float]] = [(win.band_levels, 1.0 - replay_share - explore_share),
-                                                  (win.replay, replay_share), (win.above, explore_share)]
-    orphan = sum(share for lvls, share in parts[1:] if not lvls)  # a share with nowhere to go: the window
+                                                  (win.replay, replay), (win.above, explore_share)]
+    orphan = replay_share - replay  # a share with nowhere to go (or past the cap) goes to the window
+    orphan += sum(share for lvls, share in parts[1:] if not lvls)
     parts[0] = (parts[0][0], parts[0][1] + orphan)
     levels: list[int] = []
     weights: list[float] = []

@@ -9,7 +9,8 @@
    with ``curriculum.evolve.feed > 0`` the generation scheduler also probes the evolved generations
    (``data/iter_k/evolve``) and adds the first one the policy has not mastered to what is picked from;
 3. GRPO over what is left, in order (``training.rl``), a group whose rewards are all equal replaced
-   from the problems GRPO does not reach (dynamic sampling, ``rl.refill_rounds``).
+   from the problems GRPO does not reach (dynamic sampling, ``rl.refill_rounds``), at
+   ``rl.learning_rate x loop.lr_factor`` when SFT continued from a trained champion (as SFT's rate).
 
 ``rl.max_steps = 0`` copies the SFT model unchanged (lets a profile skip RL while keeping the DAG).
 """
@@ -123,6 +124,16 @@ def evolved_generations(cfg: Config, paths: Paths) -> list[pd.DataFrame] | None:
     return [read_parquet(f) for f in files]
 
 
+def learning_rate(cfg: Config, paths: Paths) -> float:
+    """GRPO's learning rate this iteration (:func:`apprentice.training.loop_rules.rl_learning_rate`): scaled
+    like SFT's when SFT continued from a trained champion, which ``sft_start.json`` records."""
+    from apprentice.training.loop_rules import rl_learning_rate
+
+    start = json.loads(paths.sft_start.read_text()).get("start_model", {}) if paths.sft_start.exists() else {}
+    return rl_learning_rate(cfg.loop.rule, paths.iteration, cfg.rl.learning_rate, cfg.loop.lr_factor,
+                            trained_start=int(start.get("version") or 0) > 0)
+
+
 def probe_pass_rates(cfg: Config, problems: pd.DataFrame, model: Any, tokenizer: Any) -> dict:
     from apprentice.curriculum import pass_rates
     from apprentice.infra.distributed import run_episodes
@@ -167,7 +178,8 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
     start = str(paths.sft_model)
     common.require_model(start)
     generations = evolved_generations(cfg, paths)
-    stamp = common.fingerprint({"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(),
+    rl_cfg = cfg.rl.model_copy(update={"learning_rate": learning_rate(cfg, paths)})
+    stamp = common.fingerprint({"rl": rl_cfg.model_dump(), "model": cfg.model.model_dump(),
                                 "curriculum": cfg.curriculum.model_dump(),
                                 "probe": [cfg.evaluate.max_new_tokens, cfg.evaluate.batch_size,
                                           cfg.evaluate.max_format_errors]},
@@ -198,7 +210,7 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
         summary = {**summary, "order": problems["problem_id"].tolist()}
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(summary, indent=2))
-    result = train_grpo(model, tok, problems, paths.rl_model, cfg.rl, dtype=cfg.model.dtype, stamp=stamp,
+    result = train_grpo(model, tok, problems, paths.rl_model, rl_cfg, dtype=cfg.model.dtype, stamp=stamp,
                         callbacks=callbacks or [], reward_funcs=reward_funcs or [],
                         extra_files={CURRICULUM_FILE: saved.read_text()})
-    return {"start_model": start, "curriculum": {k: v for k, v in summary.items() if k != "order"}, **result}
+    return {"start_model": start, "learning_rate": rl_cfg.learning_rate, "curriculum": {k: v for k, v in summary.items() if k != "order"}, **result}

@@ -9,7 +9,7 @@ held-out NLL along such a continuation). The rules (``loop.rule``; docs/experime
 them):
 
 * ``continue``: from the champion at ``sft.learning_rate x loop.lr_factor`` with ``loop.warmup_steps``
-  of warm-up, on the new validated data plus a ``loop.replay_share`` of earlier iterations' validated
+  of warm-up (and GRPO at ``rl.learning_rate x loop.lr_factor``), on the new validated data plus a ``loop.replay_share`` of earlier iterations' validated
   data (replay against forgetting);
 * ``restart``: from the base model at the full learning rate on the union of all iterations'
   validated data (no drift can accumulate across iterations), as in ReST-EM ("Beyond Human Data:
@@ -56,6 +56,18 @@ def sft_schedule(rule: str, iteration: int, learning_rate: float, lr_factor: flo
     if starts_from_champion(rule, iteration) and trained_start:
         return learning_rate * lr_factor, warmup_steps
     return learning_rate, 0
+
+
+def rl_learning_rate(rule: str, iteration: int, learning_rate: float, lr_factor: float,
+                     trained_start: bool = True) -> float:
+    """Iteration ``iteration``'s GRPO learning rate: ``rl.learning_rate`` scaled by ``loop.lr_factor``
+    whenever SFT's is (the iteration continues from a trained champion).
+
+    Why: GRPO's few steps under a fresh AdamW are ``lr * sign(g)``-sized on every weight (the module
+    docstring), so at the full rate three GRPO steps on a dozen episodes move a continued model as far as
+    its whole iteration of SFT did, and undo the newest skill SFT taught it (docs/experiments.md, "RL-2
+    undoes the climb"). Scaled with SFT's rate, RL stays the smaller step it is in iteration 1."""
+    return sft_schedule(rule, iteration, learning_rate, lr_factor, 0, trained_start)[0]
 
 
 def sft_steps(iteration: int, max_steps: int, loop_steps: int) -> int:

@@ -51,6 +51,17 @@ def test_a_champion_that_solves_nothing_trains_the_lowest_level_and_demonstrates
     assert frontier.mix(win, 10, 0.2, 0.2) == {0: 8, 1: 2}  # no replay level: its share goes to the window
 
 
+def test_a_replay_level_gets_no_more_problems_than_a_window_level():
+    # two mastered levels below a one-level window share the replay; one below a three-level window is capped
+    search = frontier.window("search", {0: 0.9, 1: 1.0, 2: 0.0}, 7, 0.5, 0.3)
+    assert frontier.mix(search, 100, 0.4, 0.2) == {0: 20, 1: 20, 2: 40, 3: 20}
+    grid = frontier.window("grid", {0: 0.9, 1: 0.75, 2: 0.6, 3: 0.25}, 7, 0.5, 0.3)
+    assert (grid.replay, grid.band_levels, grid.above) == ((0,), (1, 2, 3), (4,))
+    capped = frontier.mix(grid, 90, 0.4, 0.2)
+    assert capped[0] <= min(capped[lv] for lv in (1, 2, 3)) and sum(capped.values()) == 90
+    assert frontier.mix(grid, 100, 0.2, 0.2) == {0: 20, 1: 20, 2: 20, 3: 20, 4: 20}  # under the cap: as set
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_decide_plans_exactly_n_problems_on_real_levels_mostly_in_the_window(seed):
     rng = random.Random(seed)

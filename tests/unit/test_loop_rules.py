@@ -190,6 +190,23 @@ def test_sft_start_and_schedule_follow_the_rule(tmp_path):
     assert loop.sft_steps(2, 16, 0) == 16
 
 
+def test_grpo_rate_scales_with_sfts_from_the_start_sft_recorded(tmp_path):
+    """RL continues what SFT started: its rate scales by loop.lr_factor exactly when SFT's did, read from
+    the start SFT recorded (a champion that is still the base model keeps the full rate)."""
+    from apprentice.stages.rl import learning_rate
+
+    assert loop.rl_learning_rate("continue", 2, 3e-5, 0.1) == pytest.approx(3e-6)
+    assert loop.rl_learning_rate("continue", 1, 3e-5, 0.1) == 3e-5
+    assert loop.rl_learning_rate("restart", 3, 3e-5, 0.1) == 3e-5
+    assert loop.rl_learning_rate("continue", 2, 3e-5, 0.1, trained_start=False) == 3e-5
+    cfg, paths = _cfg(tmp_path, rule="continue")
+    assert paths.iteration == 2 and learning_rate(cfg, paths) == cfg.rl.learning_rate  # nothing recorded
+    paths.sft_start.parent.mkdir(parents=True, exist_ok=True)
+    for version, expected in ((1, cfg.rl.learning_rate * cfg.loop.lr_factor), (0, cfg.rl.learning_rate)):
+        paths.sft_start.write_text(json.dumps({"start_model": {"version": version, "path": "x"}}))
+        assert learning_rate(cfg, paths) == pytest.approx(expected)
+
+
 def test_a_trained_checkpoint_keeps_the_base_tokenizer_template_and_generation_config(tmp_path, tiny_model_dir):
     """What SFT of iteration k > 1 loads from the champion is what iteration 1 loaded from the base:
     the same tokenizer, chat template, response parser and generation settings: only the weights differ."""
