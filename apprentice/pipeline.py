@@ -158,7 +158,7 @@ def _frontier_on(params: Mapping[str, Any]) -> bool:
 
 def _synth(w: Where) -> IO:
     p, prev = w.paths, w.prev
-    return IO(deps=[p.benchmark] + ([prev.eval_dir] if prev else [])
+    return IO(deps=[p.benchmark] + ([prev.eval_dir, prev.promotion] if prev else [])
               + ([p.frontier_record, p.frontier_probe] if "frontier" in w.stages else []), outs=[p.problems])
 
 

@@ -119,12 +119,20 @@ def _generator(family: str) -> Callable[[int, int], ProblemSpec]:
 
 
 def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
-    """Iteration k-1's held-out episodes of the model training continues from (promote.candidate;
-    else the most-trained model evaluated), or None in iteration 1."""
+    """Iteration k-1's held-out episodes of the model training continues from: the champion promote-(k-1)
+    named when iteration k-1 made it (an alternate such as SFT can win), else ``promote.candidate``, else
+    the most-trained model evaluated; None in iteration 1."""
     prev = paths.previous()
     if prev is None:
         return None
-    for name in dict.fromkeys([cfg.promote.candidate, "rl", "sft", "student"]):
+    names: list[str] = [cfg.promote.candidate, "rl", "sft", "student"]
+    try:
+        champ = json.loads(prev.promotion.read_text())["champion"]
+        if int(champ["iteration"]) == prev.iteration:
+            names.insert(0, str(champ["kind"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no record yet: the candidate it would have named
+    for name in dict.fromkeys(names):
         if (f := prev.eval_episodes(name)).exists():
             return f
     return None

@@ -166,6 +166,24 @@ def test_sampler_selects_training_problems_by_predicted_pass_rate(tmp_path, p_st
     assert sel["fitted_on"] == "rl.parquet"  # the benchmark itself is untouched by selection
 
 
+def test_the_sampler_fits_on_the_champion_promotion_named(tmp_path):
+    """Training continues from the champion: when promote-(k-1) promoted an alternate (SFT), the sampler's
+    predictor fits on that model's episodes, not promote.candidate's."""
+    import json
+
+    p1 = Paths(tmp_path, 1)
+    p1.eval_dir.mkdir(parents=True)
+    for name in ("rl", "sft"):
+        pd.DataFrame({"success": [True]}).to_parquet(p1.eval_dir / f"{name}.parquet")
+    p2 = Paths(tmp_path, 2)
+    assert synth.previous_episodes(_cfg(), p2).name == "rl.parquet"  # no record yet: promote.candidate
+    p1.promotion.parent.mkdir(parents=True)
+    p1.promotion.write_text(json.dumps({"champion": {"kind": "sft", "iteration": 1, "version": 1}}))
+    assert synth.previous_episodes(_cfg(), p2).name == "sft.parquet"
+    p1.promotion.write_text(json.dumps({"champion": {"kind": "sft", "iteration": 0, "version": 0}}))
+    assert synth.previous_episodes(_cfg(), p2).name == "rl.parquet"  # an older champion: not in this folder
+
+
 def test_sampler_without_a_previous_iteration_keeps_the_first_candidates(tmp_path):
     cfg = _cfg(sampler="dtac")
     summary = _run(cfg, Paths(tmp_path, 1))
