@@ -49,25 +49,17 @@ def draft_source(cfg: Config, paths: Paths, name: str) -> Path | None:
     from SFT, the student from its RL teacher (else SFT), SFT of iteration k > 1 from the champion
     promote-(k-1) named (the model it continues from, under the default loop rule; without that record,
     the previous iteration's ``promote.candidate``)."""
+    from apprentice.stages.promote import recorded_champion
+
     parents = {"rl": [("sft", paths)], "student": [("rl", paths), ("sft", paths)]}
     prev = paths.previous()
     if prev is not None:
-        parents["sft"] = [_champion_of(prev) or (cfg.promote.candidate, prev)]
+        parents["sft"] = [recorded_champion(prev) or (cfg.promote.candidate, prev)]
     for parent, where in parents.get(name, []):
         pq = where.eval_episodes(parent)
         if pq.exists():
             return pq
     return None
-
-
-def _champion_of(paths: Paths) -> tuple[str, Paths] | None:
-    """(kind, iteration paths) of the champion ``paths``' promotion record names; None without one."""
-    try:
-        champ = json.loads(paths.promotion.read_text())["champion"]
-        kind, iteration = str(champ["kind"]), int(champ["iteration"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return kind, paths if kind == "base" else Paths(paths.root, iteration)
 
 
 def run(cfg: Config, paths: Paths, policy: str | None = None, out: str | None = None,

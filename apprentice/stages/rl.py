@@ -213,4 +213,5 @@ def run(cfg: Config, paths: Paths, callbacks: list[Any] | None = None, reward_fu
     result = train_grpo(model, tok, problems, paths.rl_model, rl_cfg, dtype=cfg.model.dtype, stamp=stamp,
                         callbacks=callbacks or [], reward_funcs=reward_funcs or [],
                         extra_files={CURRICULUM_FILE: saved.read_text()})
-    return {"start_model": start, "learning_rate": rl_cfg.learning_rate, "curriculum": {k: v for k, v in summary.items() if k != "order"}, **result}
+    return {"start_model": start, "learning_rate": rl_cfg.learning_rate,
+            "curriculum": {k: v for k, v in summary.items() if k != "order"}, **result}

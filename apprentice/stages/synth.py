@@ -125,14 +125,11 @@ def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
     prev = paths.previous()
     if prev is None:
         return None
-    names: list[str] = [cfg.promote.candidate, "rl", "sft", "student"]
-    try:
-        champ = json.loads(prev.promotion.read_text())["champion"]
-        if int(champ["iteration"]) == prev.iteration:
-            names.insert(0, str(champ["kind"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no record yet: the candidate it would have named
-    for name in dict.fromkeys(names):
+    from apprentice.stages.promote import recorded_champion
+
+    champ = recorded_champion(prev)  # none yet: the candidate it would have named
+    mine = [champ[0]] if champ and champ[1].iteration == prev.iteration else []
+    for name in dict.fromkeys([*mine, cfg.promote.candidate, "rl", "sft", "student"]):
         if (f := prev.eval_episodes(name)).exists():
             return f
     return None

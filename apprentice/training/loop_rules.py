@@ -9,8 +9,8 @@ held-out NLL along such a continuation). The rules (``loop.rule``; docs/experime
 them):
 
 * ``continue``: from the champion at ``sft.learning_rate x loop.lr_factor`` with ``loop.warmup_steps``
-  of warm-up (and GRPO at ``rl.learning_rate x loop.lr_factor``), on the new validated data plus a ``loop.replay_share`` of earlier iterations' validated
-  data (replay against forgetting);
+  of warm-up (and GRPO at ``rl.learning_rate x loop.lr_factor``), on the new validated data plus a
+  ``loop.replay_share`` of earlier iterations' validated data (replay against forgetting);
 * ``restart``: from the base model at the full learning rate on the union of all iterations'
   validated data (no drift can accumulate across iterations), as in ReST-EM ("Beyond Human Data:
   Scaling Self-Training for Problem-Solving with Language Models", arXiv:2312.06585) and expert
