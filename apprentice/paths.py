@@ -204,6 +204,18 @@ class Paths:
     def promotion(self) -> Path:
         return self.reports / "promotion.json"
 
+    def recorded_champion(self) -> tuple[str, Paths] | None:
+        """(kind, iteration paths) of the champion this iteration's promotion record names; None without a
+        readable one (stages that only prefer the champion read it here, not through the promote stage)."""
+        import json
+
+        try:
+            champ = json.loads(self.promotion.read_text())["champion"]
+            kind, iteration = str(champ["kind"]), int(champ["iteration"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return kind, self if kind == "base" else Paths(self.root, iteration)
+
     @property
     def curves_dir(self) -> Path:
         """The report stage's learning curves (CSV for DVC plots, PNG) and ``eval.md``."""

@@ -49,12 +49,10 @@ def draft_source(cfg: Config, paths: Paths, name: str) -> Path | None:
     from SFT, the student from its RL teacher (else SFT), SFT of iteration k > 1 from the champion
     promote-(k-1) named (the model it continues from, under the default loop rule; without that record,
     the previous iteration's ``promote.candidate``)."""
-    from apprentice.stages.promote import recorded_champion
-
     parents = {"rl": [("sft", paths)], "student": [("rl", paths), ("sft", paths)]}
     prev = paths.previous()
     if prev is not None:
-        parents["sft"] = [recorded_champion(prev) or (cfg.promote.candidate, prev)]
+        parents["sft"] = [prev.recorded_champion() or (cfg.promote.candidate, prev)]
     for parent, where in parents.get(name, []):
         pq = where.eval_episodes(parent)
         if pq.exists():

@@ -114,16 +114,6 @@ def weights_md5(folder: Path) -> str:
     return h.hexdigest()
 
 
-def recorded_champion(paths: Paths) -> tuple[str, Paths] | None:
-    """(kind, iteration paths) of the champion ``paths``' promotion record names; None without a readable one."""
-    try:
-        champ = json.loads(paths.promotion.read_text())["champion"]
-        kind, iteration = str(champ["kind"]), int(champ["iteration"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return kind, paths if kind == "base" else Paths(paths.root, iteration)
-
-
 def previous_champion(paths: Paths, why: str) -> dict[str, Any]:
     """The ``champion`` entry of promote-(k-1)'s record, for a stage of iteration k that needs it (``why``
     says which, in the error). Raises with the command to run when the record or the entry is missing."""

@@ -125,9 +125,7 @@ def previous_episodes(cfg: Config, paths: Paths) -> Path | None:
     prev = paths.previous()
     if prev is None:
         return None
-    from apprentice.stages.promote import recorded_champion
-
-    champ = recorded_champion(prev)  # none yet: the candidate it would have named
+    champ = prev.recorded_champion()  # none yet: the candidate it would have named
     mine = [champ[0]] if champ and champ[1].iteration == prev.iteration else []
     for name in dict.fromkeys([*mine, cfg.promote.candidate, "rl", "sft", "student"]):
         if (f := prev.eval_episodes(name)).exists():
